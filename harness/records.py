@@ -1,0 +1,48 @@
+"""What a rollout produces: one StepRecord per turn, one Episode per trajectory.
+
+Token ids are kept exactly as sampled (actions) or as tokenized once (prompt, observations);
+training sequences are assembled from these ids only (see `harness.batch`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepRecord:
+    turn: int                      # 0-based turn index
+    obs_ids: list[int]             # observation segment that preceded this action (turn 0: the prompt)
+    context_ids: list[int] | None  # the exact context the policy saw (per-step layout); None = the
+                                   # append-only concatenation of earlier segments (concatenated layout)
+    action_ids: list[int]          # exactly the sampled ids, end-of-turn token included when emitted
+    sampler_logprobs: list[float]  # log-probs the sampler assigned to action_ids
+    action_text: str               # decoded action (for the environment and logs only)
+    observation: str               # the observation text shown before this action
+    reward: float = 0.0            # reward of this turn (penalties included)
+    done: bool = False
+    overflow: bool = False         # hit max_new_tokens without an end-of-turn token
+    format_error: bool = False
+    state_key: str = ""            # environment state before the action (GiGPO anchor)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    task_seed: int
+    group: int                     # group id: the G rollouts of one task share it
+    instructions: str
+    steps: list[StepRecord] = field(default_factory=list)
+    won: bool = False
+    truncated: bool = False        # turn budget reached before the episode ended
+    env_error: str | None = None
+    score: float = 0.0
+
+    @property
+    def outcome(self) -> float:
+        """Trajectory return R_i: the sum of per-turn rewards (penalties included)."""
+        return float(sum(s.reward for s in self.steps))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.steps)
