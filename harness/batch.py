@@ -1,0 +1,186 @@
+"""Training sequences from rollout records: layouts, masks, and the trajectory stream.
+
+Two token forms are kept side by side:
+- the *stream*: one row per trajectory, the append-only concatenation
+  prompt, a_1, o_2, a_2, ... (N, Ts). Advantage estimators read it (REFERENCE 4 works on
+  trajectories), and in the concatenated layout it is also the training row.
+- the *rows*: what the model is trained on (B, T). Concatenated layout: rows = stream.
+  Per-step layout: one row per turn = the exact context the policy saw + that turn's action.
+`stream_pos (B,T)` maps each trained row token to its stream token, so per-trajectory
+quantities (advantages, KL-in-reward) move between the two forms by one gather / scatter.
+
+Masks (REFERENCE 1): `action_mask` = 1 on policy-emitted tokens (EOT included). With
+`mask_observations=False` the loss mask also covers observation segments after the prompt,
+each counted once (per-step: the observation right before the action); the prompt
+(instructions + first observation) is never trained on. Observation tokens take the
+advantage of the first token of the action they precede.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.records import Episode
+
+LONG = torch.long
+
+
+def _pad(rows: list[list], value, dtype) -> torch.Tensor:
+    T = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(T, 1)), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def state_id(key: str) -> int:
+    """Stable integer id of an environment state key (GiGPO anchor), same in every process."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
+@dataclass
+class _Stream:
+    ids: list[int]
+    action: list[int]      # 1 on action tokens
+    turn: list[int]        # turn of action tokens, -1 elsewhere
+    obs_turn: list[int]    # turn an observation token precedes (trainable obs), -1 elsewhere
+    action_start: list[int]  # stream position of the first token of each turn's action
+    sampler_logp: list[float]
+
+
+def episode_stream(ep: Episode) -> _Stream:
+    s = _Stream([], [], [], [], [], [])
+    for t, st in enumerate(ep.steps):
+        obs_turn = t if t > 0 else -1  # the prompt (turn 0's observation) is never trained on
+        s.ids += st.obs_ids
+        s.action += [0] * len(st.obs_ids)
+        s.turn += [-1] * len(st.obs_ids)
+        s.obs_turn += [obs_turn] * len(st.obs_ids)
+        s.sampler_logp += [0.0] * len(st.obs_ids)
+        s.action_start.append(len(s.ids))
+        s.ids += st.action_ids
+        s.action += [1] * len(st.action_ids)
+        s.turn += [t] * len(st.action_ids)
+        s.obs_turn += [-1] * len(st.action_ids)
+        s.sampler_logp += list(st.sampler_logprobs)
+    return s
+
+
+@dataclass
+class TrainBatch:
+    # rows (B, T)
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor     # float: trained tokens
+    action_mask: torch.Tensor   # float: policy-emitted tokens
+    action_id: torch.Tensor     # unique id per turn-action, -1 elsewhere
+    traj_id: torch.Tensor       # trajectory index (0..N-1) of each token, -1 on padding
+    sampler_logp: torch.Tensor  # sampler log-probs on action tokens, 0 elsewhere
+    stream_pos: torch.Tensor    # flat index into the (N, Ts) stream for trained tokens, -1 elsewhere
+    # stream (N, Ts) and per-trajectory fields
+    stream_mask: torch.Tensor   # action tokens of the stream
+    stream_turn: torch.Tensor   # turn index of stream action tokens, -1 elsewhere
+    rewards: torch.Tensor       # (N,) trajectory return
+    turn_rewards: torch.Tensor  # (N, K) per-turn rewards (outcome included at its turn)
+    turn_mask: torch.Tensor     # (N, K)
+    group: torch.Tensor         # (N,)
+    task: torch.Tensor          # (N,)
+    env: torch.Tensor           # (N,)
+    anchor: torch.Tensor        # (N, K) state ids before each turn
+    concatenated: bool
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to_rows(self, x_stream: torch.Tensor) -> torch.Tensor:
+        """(N, Ts) -> (B, T): each trained row token takes its stream token's value, 0 elsewhere."""
+        flat = x_stream.reshape(-1)
+        pos = self.stream_pos.clamp(min=0)
+        return torch.where(self.stream_pos >= 0, flat[pos], torch.zeros((), dtype=flat.dtype))
+
+    def to_stream(self, x_rows: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (N, Ts): scatter trained action-token values back (each stream token once)."""
+        out = torch.zeros(self.stream_mask.numel(), dtype=x_rows.dtype)
+        sel = (self.stream_pos >= 0) & self.action_mask.bool()
+        out[self.stream_pos[sel]] = x_rows[sel]
+        return out.view_as(self.stream_mask)
+
+    def rows(self, idx: torch.Tensor) -> "TrainBatch":
+        """A row subset (mini- or micro-batch), trimmed to its longest row."""
+        T = int(self.attention_mask[idx].sum(1).max().item()) if len(idx) else 1
+        row_fields = ("input_ids", "attention_mask", "loss_mask", "action_mask", "action_id",
+                      "traj_id", "sampler_logp", "stream_pos")
+        return replace(self, **{f: getattr(self, f)[idx, :T] for f in row_fields})
+
+
+def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observations: bool,
+                pad_id: int, task_ids: list[int] | None = None, env_ids: list[int] | None = None
+                ) -> TrainBatch:
+    """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized)."""
+    streams = [episode_stream(ep) for ep in episodes]
+    Ts = max(len(s.ids) for s in streams)
+    rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos")}
+    next_action = 0
+    for i, (ep, s) in enumerate(zip(episodes, streams)):
+        trainable_obs = [0 if mask_observations else int(o >= 0) for o in s.obs_turn]
+        if concatenated:
+            aid = [next_action + t if t >= 0 else -1 for t in s.turn]
+            pos = [i * Ts + k if (s.action[k] or trainable_obs[k]) else -1 for k in range(len(s.ids))]
+            # observation tokens point at the first token of the action they precede
+            pos = [i * Ts + s.action_start[s.obs_turn[k]] if trainable_obs[k] else p
+                   for k, p in enumerate(pos)]
+            _append_row(rows, s.ids, [max(a, o) for a, o in zip(s.action, trainable_obs)], s.action,
+                        aid, i, s.sampler_logp, pos)
+        else:
+            for t, st in enumerate(ep.steps):
+                ctx = st.context_ids if st.context_ids is not None else s.ids[: s.action_start[t]]
+                n_obs = min(len(st.obs_ids), len(ctx)) if (t > 0 and not mask_observations) else 0
+                L, A = len(ctx), len(st.action_ids)
+                loss = [0] * (L - n_obs) + [1] * n_obs + [1] * A
+                act = [0] * L + [1] * A
+                aid = [-1] * L + [next_action + t] * A
+                start = i * Ts + s.action_start[t]
+                pos = [-1] * (L - n_obs) + [start] * n_obs + list(range(start, start + A))
+                _append_row(rows, ctx + st.action_ids, loss, act, aid, i,
+                            [0.0] * L + list(st.sampler_logprobs), pos)
+        next_action += len(ep.steps)
+    return _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
+
+
+def _append_row(rows, ids, loss, act, aid, traj, slp, pos) -> None:
+    for key, val in zip(("ids", "loss", "act", "aid", "traj", "slp", "pos"),
+                        (ids, loss, act, aid, [traj] * len(ids), slp, pos)):
+        rows[key].append(val)
+
+
+def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids) -> TrainBatch:
+    N = len(episodes)
+    K = max(max(ep.num_turns for ep in episodes), 1)
+    turn_rewards = _pad([[st.reward for st in ep.steps] for ep in episodes], 0.0, torch.float32)
+    turn_mask = _pad([[1] * ep.num_turns for ep in episodes], 0, LONG)
+    anchor = _pad([[state_id(st.state_key) for st in ep.steps] for ep in episodes], 0, LONG)
+    ids = rows["ids"]
+    return TrainBatch(
+        input_ids=_pad(ids, pad_id, LONG),
+        attention_mask=_pad([[1] * len(r) for r in ids], 0, LONG),
+        loss_mask=_pad(rows["loss"], 0, torch.float32),
+        action_mask=_pad(rows["act"], 0, torch.float32),
+        action_id=_pad(rows["aid"], -1, LONG),
+        traj_id=_pad(rows["traj"], -1, LONG),
+        sampler_logp=_pad(rows["slp"], 0.0, torch.float32),
+        stream_pos=_pad(rows["pos"], -1, LONG),
+        stream_mask=_pad([s.action for s in streams], 0, torch.float32)[:, :Ts],
+        stream_turn=_pad([s.turn for s in streams], -1, LONG)[:, :Ts],
+        rewards=torch.tensor([ep.outcome for ep in episodes], dtype=torch.float32),
+        turn_rewards=turn_rewards[:, :K], turn_mask=turn_mask[:, :K], anchor=anchor[:, :K],
+        group=torch.tensor([ep.group for ep in episodes], dtype=LONG),
+        task=torch.tensor(task_ids if task_ids is not None else [0] * N, dtype=LONG),
+        env=torch.tensor(env_ids if env_ids is not None else [0] * N, dtype=LONG),
+        concatenated=concatenated,
+    )
+
+

@@ -1,0 +1,47 @@
+"""Metrics of a list of episodes (rollout or evaluation), reduced once per update."""
+from __future__ import annotations
+
+import statistics
+
+from harness.records import Episode
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(statistics.fmean(xs)) if xs else 0.0
+
+
+def episode_metrics(episodes: list[Episode], prefix: str, markers: tuple[str, ...] = ()) -> dict[str, float]:
+    """success, return, turns, format errors, truncation, overflow, env errors, action length,
+    hallucinated-observation rate (actions containing one of the env's observation markers)."""
+    steps = [s for ep in episodes for s in ep.steps]
+    halluc = [any(m in s.action_text for m in markers) for s in steps] if markers else [False] * len(steps)
+    return {
+        f"{prefix}/success": _mean(ep.won for ep in episodes),
+        f"{prefix}/return": _mean(ep.outcome for ep in episodes),
+        f"{prefix}/turns": _mean(ep.num_turns for ep in episodes),
+        f"{prefix}/format_error_rate": _mean(s.format_error for s in steps),
+        f"{prefix}/truncation_rate": _mean(ep.truncated for ep in episodes),
+        f"{prefix}/overflow_rate": _mean(s.overflow for s in steps),
+        f"{prefix}/env_error_rate": _mean(ep.env_error is not None for ep in episodes),
+        f"{prefix}/action_tokens": _mean(len(s.action_ids) for s in steps),
+        f"{prefix}/hallucinated_obs_rate": _mean(halluc),
+        f"{prefix}/episodes": float(len(episodes)),
+    }
+
+
+def group_reward_stats(episodes: list[Episode]) -> dict[str, float]:
+    """Mean in-group reward std (echo-trap signal) and the zero-variance group fraction."""
+    groups: dict[int, list[float]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep.outcome)
+    stds = [statistics.pstdev(r) if len(r) > 1 else 0.0 for r in groups.values()]
+    return {"env/group_reward_std": _mean(stds),
+            "env/zero_var_group_frac": _mean(s == 0.0 for s in stds)}
+
+
+def sample_rows(episodes: list[Episode], n: int) -> list[dict]:
+    """The first `n` episodes as JSON rows for samples.jsonl."""
+    return [{"task_seed": ep.task_seed, "group": ep.group, "won": ep.won, "return": ep.outcome,
+             "turns": [{"observation": s.observation, "action": s.action_text, "reward": s.reward}
+                       for s in ep.steps]} for ep in episodes[:n]]

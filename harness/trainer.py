@@ -1,0 +1,225 @@
+"""The shared trainer: every sweep point runs through `train`.
+
+Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation before RL):
+
+    load policy (+ SFT warm-up) -> resume checkpoint if present
+    for each update:
+        tasks (seeded by (seed, update)) -> rollout (G episodes per task, lock-step)
+        -> group filter (dapo may refill) -> training batch (layout + masks)
+        -> update (advantages, epochs x minibatches)       [harness.update]
+        -> diagnostics -> metrics.jsonl + MLflow; held-out eval every k; checkpoint every k
+    final evaluation, adapter saved in PEFT format, summary returned to the runner
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from algorithms import GROUP_FILTER
+from algorithms.types import EmptyBatchError, FilterParams
+from envs import ENVS, make_env
+from envs.vector import VectorEnv
+from harness.batch import build_batch
+from harness.checkpoint import load_checkpoint, save_checkpoint
+from harness.config import RunConfig
+from harness.episode_metrics import episode_metrics, group_reward_stats, sample_rows
+from harness.models import load_policy
+from harness.optimize import make_optimizer, run_update
+from harness.records import Episode
+from harness.rollout import collect, turn_budget_at
+from harness.seeding import seed_everything
+from harness.update import Diverged  # noqa: F401  (re-exported for the runner)
+
+ProgressFn = Callable[[dict], None]
+
+
+def cache_dir() -> Path:
+    """Content-hashed caches shared by every point (tiny models, SFT checkpoints, games)."""
+    return Path(os.environ.get("HARNESS_CACHE", "results/.cache"))
+
+
+def planned_updates(cfg: RunConfig) -> int:
+    """train.updates, or what the SFT/RL split budget leaves for RL (Practitioner's Guide)."""
+    if cfg.sft.budget is None:
+        return cfg.train.updates
+    rl_episodes = cfg.sft.budget - cfg.sft.demos * cfg.sft.demo_cost
+    return int(rl_episodes // (cfg.rollout.tasks_per_update * cfg.rollout.group_size))
+
+
+def _generator(seed: int, *salt: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, *salt]).generate_state(1)[0]))
+    return g
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None):
+        self.cfg, self.run_dir, self.logger = cfg, Path(run_dir), logger
+        self.progress = progress or (lambda _: None)
+        seed_everything(cfg.train.seed)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        device = cfg.train.device
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.policy = load_policy(cfg, cache_dir(), self.device)
+        env = make_env(cfg.env.name, cfg.env.options)
+        self.instructions = env.instructions
+        self.markers = type(env).observation_markers
+        self.train_pool = (ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
+                           if cfg.env.train_tasks else None)
+        self.heldout = ENVS.get(cfg.env.name).task_seeds("heldout", cfg.env.heldout_tasks, cfg.env.options)
+        self.optimizer = make_optimizer(self.policy, cfg)
+        self.updates = planned_updates(cfg)
+        self.best = {"update": 0, "success": -1.0}
+
+    # ------------------------------------------------------------------ rollouts
+    def _venv(self, n: int) -> VectorEnv:
+        c = self.cfg.env
+        return VectorEnv(c.name, c.options, reward_density=c.reward_density,
+                         format_penalty=c.format_penalty, n=n, workers=c.workers)
+
+    def _train_tasks(self, update: int, round_: int) -> list[int]:
+        k = self.cfg.rollout.tasks_per_update
+        if self.train_pool is not None:
+            rng = np.random.default_rng([self.cfg.train.seed, update, round_])
+            return [self.train_pool[i] for i in rng.choice(len(self.train_pool), size=k, replace=k > len(self.train_pool))]
+        # a fresh task for every group: the (update, round) block of the train seed sequence
+        start = (update * (1 + self.cfg.algo.filter.max_extra_rounds) + round_) * k
+        seeds = ENVS.get(self.cfg.env.name).task_seeds("train", start + k, self.cfg.env.options)
+        return seeds[start:]
+
+    def _rollout(self, seeds: list[int], group_size: int, *, greedy: bool, generator, budget: int,
+                 first_group: int = 0) -> list[Episode]:
+        tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
+        venv = self._venv(len(tasks))
+        try:
+            return collect(self.policy.model, self.policy.chat, venv, tasks, self.cfg,
+                           turn_budget=budget, greedy=greedy, generator=generator,
+                           instructions=self.instructions)
+        finally:
+            venv.close()
+
+    def _filtered_rollout(self, update: int, budget: int) -> tuple[list[Episode], list[Episode], dict]:
+        """Rollout + group filter; dapo's dynamic sampling refills up to max_extra_rounds."""
+        c, G = self.cfg, self.cfg.rollout.group_size
+        kept: list[Episode] = []
+        stats: dict[str, float] = {}
+        all_eps: list[Episode] = []
+        for round_ in range(1 + c.algo.filter.max_extra_rounds):
+            eps = self._rollout(self._train_tasks(update, round_), G, greedy=False, budget=budget,
+                                generator=_generator(c.train.seed, update, round_),
+                                first_group=round_ * c.rollout.tasks_per_update)
+            all_eps += eps
+            keep, st = self._filter(eps)
+            if round_ == 0:
+                stats = st
+            kept += [e for e, k in zip(eps, keep) if k]
+            if len(kept) >= c.rollout.tasks_per_update * G:
+                break
+        stats["filter/rounds"] = float(round_ + 1)
+        return kept[: c.rollout.tasks_per_update * G], all_eps, stats
+
+    def _filter(self, eps: list[Episode]) -> tuple[list[bool], dict[str, float]]:
+        f = self.cfg.algo.filter
+        rewards = torch.tensor([e.outcome for e in eps], dtype=torch.float32)
+        group = torch.tensor([e.group for e in eps])
+        try:
+            res = GROUP_FILTER.get(f.name)(rewards, group, FilterParams(top_p=f.p, top_k=f.k))
+            keep, st = res.keep.tolist(), res.stats
+        except EmptyBatchError as err:
+            keep, st = [False] * len(eps), err.stats
+        return keep, {f"filter/{k}": float(v) for k, v in st.items()}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, update: int) -> dict[str, float]:
+        c = self.cfg
+        n = c.train.eval_episodes
+        seeds = [self.heldout[i % len(self.heldout)] for i in range(n)]
+        out: dict[str, float] = {}
+        for mode, greedy in (("greedy", True), ("sampled", False)):
+            eps = self._rollout(seeds, 1, greedy=greedy, budget=turn_budget_at(update, c.turns),
+                                generator=_generator(c.train.seed, 10**6, update))
+            for k, v in episode_metrics(eps, f"eval_{mode}", self.markers).items():
+                out[k] = v
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict:
+        c = self.cfg
+        modules = self.policy.trainable_modules()
+        start, state = 0, {"best": self.best, "init_eval": None}
+        resumed = load_checkpoint(self.run_dir, modules, self.optimizer)
+        if resumed is not None:
+            start, state = resumed
+            self.best = state["best"]
+            self.logger.truncate_after(start)
+        else:
+            init = self.evaluate(0)
+            state["init_eval"] = init
+            self.logger.log(0, init)
+            self._track_best(0, init)
+        last_eval: dict[str, float] = state.get("last_eval") or state["init_eval"] or {}
+        t_start = time.time()
+        for update in range(start + 1, self.updates + 1):
+            metrics = self._one_update(update)
+            if c.train.eval_every and update % c.train.eval_every == 0 or update == self.updates:
+                last_eval = self.evaluate(update)
+                state["last_eval"] = last_eval
+                metrics.update(last_eval)
+                self._track_best(update, last_eval)
+            self.logger.log(update, metrics)
+            self.progress({"update": update, "updates": self.updates,
+                           "success": metrics.get("env/success", 0.0),
+                           "elapsed": time.time() - t_start})
+            if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
+                state["best"] = self.best
+                save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
+        if self.updates == 0 and resumed is None:
+            save_checkpoint(self.run_dir, 0, modules, self.optimizer, state)
+        self.policy.save_adapter(self.run_dir / "adapter")
+        return self._summary(state, last_eval)
+
+    def _one_update(self, update: int) -> dict[str, float]:
+        c = self.cfg
+        t0 = time.time()
+        budget = turn_budget_at(update - 1, c.turns)
+        kept, all_eps, fstats = self._filtered_rollout(update, budget)
+        t_roll = time.time() - t0
+        metrics = {**episode_metrics(all_eps, "env", self.markers), **group_reward_stats(all_eps), **fstats,
+                   "env/turn_budget": float(budget)}
+        self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
+        if not kept:
+            metrics["train/skipped_empty"] = 1.0
+            return metrics
+        batch = build_batch(kept, concatenated=c.context.resolved_layout == "concatenated",
+                            mask_observations=c.context.mask_observations, pad_id=self.policy.chat.pad_id)
+        metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
+        metrics["train/skipped_empty"] = 0.0
+        metrics["perf/rollout_s"] = t_roll
+        metrics["perf/update_s"] = time.time() - t0 - t_roll
+        metrics["perf/rollout_tokens"] = float(sum(len(s.action_ids) for e in all_eps for s in e.steps))
+        return metrics
+
+    def _track_best(self, update: int, ev: dict[str, float]) -> None:
+        s = ev.get("eval_greedy/success", 0.0)
+        if s > self.best["success"]:
+            self.best = {"update": update, "success": s}
+
+    def _summary(self, state: dict, last_eval: dict[str, float]) -> dict:
+        init = state.get("init_eval") or {}
+        out = {f"final/{k}": v for k, v in last_eval.items()}
+        out.update({f"init/{k}": v for k, v in init.items()})
+        out["best/eval_greedy/success"] = self.best["success"]
+        out["best/update"] = float(self.best["update"])
+        out["updates"] = float(self.updates)
+        return out
+
+
+def train(cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None) -> dict:
+    """Run (or resume) one point; return its summary metrics."""
+    return Trainer(cfg, run_dir, logger, progress).run()
