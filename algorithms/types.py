@@ -1,0 +1,133 @@
+"""The fixed inputs, parameters and outputs of every axis (plain dataclasses of tensors).
+
+Shapes: `N` trajectories in concatenated token form, `T` tokens, `K` turns (padded);
+`B` training rows (one per trajectory or one per turn, depending on the layout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+class EmptyBatchError(RuntimeError):
+    """A group filter kept nothing (e.g. every group has zero reward variance).
+
+    The trainer catches it, logs `stats` and skips the update (or samples more groups).
+    """
+
+    def __init__(self, message: str, stats: dict[str, torch.Tensor] | None = None):
+        super().__init__(message)
+        self.stats = stats or {}
+
+
+# ------------------------------------------------------------------ advantages (section 4)
+@dataclass
+class AdvantageInputs:
+    """What every advantage estimator and normalization scope reads.
+
+    mask (N,T): 1 on trained tokens. turn_index (N,T) int: the turn each token belongs to,
+        -1 on untrained / non-action tokens.
+    rewards (N,): outcome reward R_i (grpo, dr_grpo, rloo, gigpo episode level, env_std).
+    turn_rewards (N,K), turn_mask (N,K): per-turn rewards r_{i,t}, outcome INCLUDED at the last
+        turn (see `utils.outcome_turn_rewards`), so sum_t r_{i,t} is the undiscounted return.
+    group (N,), task (N,), env (N,) int: rollout group, task id (adv.norm task), env id
+        (adv.norm env_std). anchor (N,K) int: environment-state id before each turn (GiGPO).
+    values (N,T): critic values (gae). token_rewards (N,T): per-token rewards for gae /
+        reinforce_pp with any KL-in-reward already subtracted by the caller; when None they
+        are `turn_rewards` placed on the last trained token of each turn.
+    """
+
+    mask: torch.Tensor
+    turn_index: torch.Tensor
+    rewards: torch.Tensor
+    group: torch.Tensor
+    turn_rewards: Optional[torch.Tensor] = None
+    turn_mask: Optional[torch.Tensor] = None
+    task: Optional[torch.Tensor] = None
+    env: Optional[torch.Tensor] = None
+    anchor: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    token_rewards: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """gamma, lam: token-level discount and GAE lambda (gae, reinforce_pp; Practitioner's
+    Guide best gamma = 1). eps: added to group std (grpo, verl/TRL 1e-6).
+    step_gamma: turn-level discount of GiGPO step returns (verl-agent scripts 0.95).
+    step_weight: omega in A = A^E + omega A^S (GiGPO, 1.0). gigpo_mode: "mean_norm"
+    (verl-agent code default, as algo.adv.gigpo_mode) or "mean_std_norm" (paper), applied to
+    both levels as verl-agent does.
+    episode_stats: "trajectories" (paper: one sample per trajectory, default) or "steps"
+    (verl-agent compute_mean_std_cross_steps: one sample per turn, longer episodes weigh more).
+    whiten_eps: eps inside rsqrt(var + eps) for batch whitening (verl 1e-8).
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    eps: float = 1e-6
+    step_gamma: float = 0.95
+    step_weight: float = 1.0
+    gigpo_mode: str = "mean_norm"
+    episode_stats: str = "trajectories"
+    whiten_eps: float = 1e-8
+
+
+@dataclass
+class AdvantageOutput:
+    """advantages (N,T), 0 outside the mask; returns (N,T) for the critic / logging, or None."""
+
+    advantages: torch.Tensor
+    returns: Optional[torch.Tensor] = None
+
+
+# ------------------------------------------------------------------ policy loss (section 2)
+@dataclass(frozen=True)
+class ClipParams:
+    """eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low = DAPO
+    clip-higher). dual_clip_c: dual-clip bound c > 1 for A < 0, None = off (verl uses 3).
+    log_ratio_clamp: |logp - old_logp| clamped before exp (verl 20)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip_c: Optional[float] = None
+    log_ratio_clamp: float = 20.0
+
+    def __post_init__(self):
+        if self.eps_low < 0 or self.eps_high < 0:
+            raise ValueError(f"clip eps must be >= 0, got {self.eps_low}, {self.eps_high}")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
+            raise ValueError(f"algo.clip.c (dual clip) must be > 1, got {self.dual_clip_c}")
+
+
+# ------------------------------------------------------------------ aggregation (section 3)
+@dataclass(frozen=True)
+class AggParams:
+    """Global denominators for micro-batching: num_tokens = trained tokens, num_seqs = rows
+    with at least one trained token, both counted over the WHOLE mini-batch (None = this
+    call's own). t_const: the fixed length of seq-mean-token-sum-norm (required there)."""
+
+    num_tokens: Optional[float] = None
+    num_seqs: Optional[float] = None
+    t_const: Optional[int] = None
+
+
+# ------------------------------------------------------------------ filters (section 5)
+@dataclass(frozen=True)
+class FilterParams:
+    """top_p: ragen_top_p cumulative-score fraction (RAGEN-2 0.9). top_k: ragen_top_k
+    fraction of groups kept."""
+
+    top_p: float = 0.9
+    top_k: float = 0.5
+
+
+@dataclass
+class FilterResult:
+    """keep (N,) bool over trajectories (whole groups kept or dropped); stats of 0-dim
+    tensors: kept_group_frac, kept_traj_frac, zero_var_frac, num_groups."""
+
+    keep: torch.Tensor
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
