@@ -1,0 +1,79 @@
+"""Layouts and masks of training sequences, on hand-built episodes (REFERENCE section 1)."""
+import torch
+
+from harness.batch import build_batch
+from harness.records import Episode, StepRecord
+
+PAD = 0
+
+
+def _episode(group=0, ctx=False):
+    # prompt [1,2,3]; a0 [10,11]; obs1 [4,5]; a1 [12]; obs2 [6]; a2 [13,14,15]
+    segs = [([1, 2, 3], [10, 11]), ([4, 5], [12]), ([6], [13, 14, 15])]
+    ep = Episode(task_seed=7, group=group, instructions="")
+    seen: list[int] = []
+    for t, (obs, act) in enumerate(segs):
+        seen = seen + obs
+        context = ([1, 2, 3] + obs if t else list(obs)) if ctx else None  # a 'single'-style context
+        ep.steps.append(StepRecord(turn=t, obs_ids=obs, context_ids=context, action_ids=act,
+                                   sampler_logprobs=[-0.5] * len(act), action_text="x", observation="o",
+                                   reward=1.0 if t == 2 else 0.0, state_key=f"s{t}"))
+        seen = seen + act
+    return ep
+
+
+def test_concatenated_row_is_the_exact_id_stream_and_masks_actions_only():
+    b = build_batch([_episode()], concatenated=True, mask_observations=True, pad_id=PAD)
+    assert b.input_ids.tolist() == [[1, 2, 3, 10, 11, 4, 5, 12, 6, 13, 14, 15]]
+    assert b.loss_mask.tolist() == [[0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1]]
+    assert b.action_id.tolist() == [[-1, -1, -1, 0, 0, -1, -1, 1, -1, 2, 2, 2]]
+    assert b.sampler_logp[0, 3].item() == -0.5 and b.sampler_logp[0, 0].item() == 0.0
+    assert b.rewards.tolist() == [1.0] and b.turn_rewards.tolist() == [[0.0, 0.0, 1.0]]
+
+
+def test_mask_off_trains_observations_once_but_never_the_prompt():
+    b = build_batch([_episode()], concatenated=True, mask_observations=False, pad_id=PAD)
+    assert b.loss_mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]]
+    assert b.action_mask.tolist() == [[0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1]]
+    # observation tokens take the advantage of the first token of the action they precede
+    adv_stream = torch.arange(12, dtype=torch.float32)[None]
+    rows = b.to_rows(adv_stream)
+    assert rows.tolist() == [[0, 0, 0, 3, 4, 7, 7, 7, 9, 9, 10, 11]]
+
+
+def test_per_step_rows_use_the_context_the_policy_saw():
+    b = build_batch([_episode(ctx=True)], concatenated=False, mask_observations=True, pad_id=PAD)
+    assert b.input_ids[0].tolist() == [1, 2, 3, 10, 11, PAD, PAD]  # right-padded
+    full = [r[: int(m.sum())] for r, m in zip(b.input_ids.tolist(), b.attention_mask)]
+    assert full == [[1, 2, 3, 10, 11], [1, 2, 3, 4, 5, 12], [1, 2, 3, 6, 13, 14, 15]]
+    trained = [[t for t, m in zip(r, mm) if m] for r, mm in zip(b.input_ids.tolist(), b.loss_mask.tolist())]
+    assert trained == [[10, 11], [12], [13, 14, 15]]
+
+
+def test_per_step_mask_off_trains_the_preceding_observation_only():
+    b = build_batch([_episode(ctx=True)], concatenated=False, mask_observations=False, pad_id=PAD)
+    trained = [[t for t, m in zip(r, mm) if m] for r, mm in zip(b.input_ids.tolist(), b.loss_mask.tolist())]
+    assert trained == [[10, 11], [4, 5, 12], [6, 13, 14, 15]]
+
+
+def test_per_step_without_context_ids_is_the_append_only_prefix():
+    b = build_batch([_episode()], concatenated=False, mask_observations=True, pad_id=PAD)
+    full = [r[: int(m.sum())] for r, m in zip(b.input_ids.tolist(), b.attention_mask)]
+    assert full[2] == [1, 2, 3, 10, 11, 4, 5, 12, 6, 13, 14, 15]
+
+
+def test_stream_round_trip_and_ids_across_episodes():
+    eps = [_episode(group=0), _episode(group=0), _episode(group=1)]
+    for concatenated in (True, False):
+        b = build_batch(eps, concatenated=concatenated, mask_observations=True, pad_id=PAD)
+        x = torch.randn(b.stream_mask.shape) * b.stream_mask
+        assert torch.equal(b.to_stream(b.to_rows(x)), x)
+        ids = b.action_id[b.action_mask.bool()]
+        assert ids.unique().numel() == 9  # 3 episodes x 3 turns, unique across the batch
+        assert b.group.tolist() == [0, 0, 1]
+        assert (b.traj_id[b.action_mask.bool()].unique() == torch.tensor([0, 1, 2])).all()
+
+
+def test_anchor_ids_equal_for_equal_state_keys():
+    b = build_batch([_episode(), _episode()], concatenated=True, mask_observations=True, pad_id=PAD)
+    assert torch.equal(b.anchor[0], b.anchor[1]) and len(set(b.anchor[0].tolist())) == 3
