@@ -1,3 +1,9 @@
-"""Reference text environments behind one protocol (`envs.base.Env`)."""
-from envs.base import Env, EnvOptions, ParsedAction, StepResult  # noqa: F401
-from envs.registry import ENVS, make_env  # noqa: F401
+"""Reference text environments behind one protocol (`envs.base.Env`).
+
+Importing the package registers every environment module `envs/*_env.py` (see `load_all`).
+"""
+from envs.base import Env, EnvOptions, ParsedAction, StepResult, TurnEnv  # noqa: F401
+from envs.registry import (ENVS, UNAVAILABLE, describe, env_class, load_all,  # noqa: F401
+                           make_env, validate_options)
+
+load_all()

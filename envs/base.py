@@ -4,9 +4,14 @@ An environment instance plays one episode at a time. A *task* is identified by a
 seed: `reset(seed)` always builds the same task for the same seed and options. Train and
 held-out tasks come from disjoint seed sets (`task_seeds`). Rollouts give every episode of a
 group its own instance, so instances never share mutable state.
+
+`TurnEnv` holds the step mechanics the reference environments share (parse -> format error
+or apply -> reward from the score); `parse_choice` / `render_turn` are the shared text helpers.
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -14,6 +19,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 SPLITS = ("train", "heldout")
+REWARD_DENSITIES = ("sparse", "dense")
+INFO_KEYS = ("won", "score", "admissible", "state_key", "format_error")
+INVALID_PREFIX = "Invalid action"  # starts every format-error observation
 
 
 class EnvOptions(BaseModel):
@@ -59,9 +67,12 @@ class Env(ABC):
                  format_penalty: float = 0.0):
         if not isinstance(options, EnvOptions):
             options = self.Options(**(options or {}))
+        if reward_density not in REWARD_DENSITIES:
+            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, "
+                             f"got {reward_density!r}")
         self.options = options
         self.reward_density = reward_density
-        self.format_penalty = format_penalty
+        self.format_penalty = float(format_penalty)
 
     @property
     @abstractmethod
@@ -86,8 +97,129 @@ class Env(ABC):
 
     @classmethod
     def task_seeds(cls, split: str, n: int, options: EnvOptions | dict | None = None) -> list[int]:
-        """`n` task seeds of `split`; the train and heldout sets never intersect."""
+        """`n` task seeds of `split`; the train and heldout sets never intersect.
+
+        Default: even seeds train, odd seeds held out. An env whose distinct seeds can build
+        the same task (small maps) defines `task_fingerprint`; seeds are then split by a hash
+        of the task content (1 in 4 contents held out), so no held-out task is a train task."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        offset = 0 if split == "train" else 1
-        return [2 * k + offset for k in range(n)]
+        if not isinstance(options, EnvOptions):
+            options = cls.Options(**(options or {}))
+        if cls.task_fingerprint(0, options) is None:
+            offset = 0 if split == "train" else 1
+            return [2 * k + offset for k in range(n)]
+        seeds, seed = [], 0
+        while len(seeds) < n:
+            if cls.split_of(seed, options) == split:
+                seeds.append(seed)
+            seed += 1
+        return seeds
+
+    @classmethod
+    def task_fingerprint(cls, seed: int, options: EnvOptions) -> str | None:
+        """The content of task `seed` (e.g. its map) or None when every seed is its own task."""
+        return None
+
+    @classmethod
+    def split_of(cls, seed: int, options: EnvOptions | dict | None = None) -> str:
+        """The split task `seed` belongs to (see `task_seeds`)."""
+        if not isinstance(options, EnvOptions):
+            options = cls.Options(**(options or {}))
+        fingerprint = cls.task_fingerprint(seed, options)
+        if fingerprint is None:
+            return SPLITS[seed % 2]
+        digest = hashlib.blake2b(fingerprint.encode(), digest_size=8).digest()
+        return "heldout" if digest[0] % 4 == 0 else "train"
+
+
+# ----------------------------------------------------------------------------- text helpers
+_ANSWER = re.compile(r"\s*<answer>(.*?)</answer>\s*", re.S)
+
+
+def unwrap_answer(text: str) -> str:
+    """`<answer>x</answer>` -> `x` (whole text only); anything else is returned stripped."""
+    m = _ANSWER.fullmatch(text)
+    return (m.group(1) if m else text).strip()
+
+
+def parse_choice(text: str, choices: tuple[str, ...] | list[str]) -> ParsedAction:
+    """One word out of `choices` (case-insensitive), bare or inside `<answer>...</answer>`."""
+    word = unwrap_answer(text).lower()
+    if word in choices:
+        return ParsedAction(word, False)
+    shown = word if len(word) <= 20 else word[:20] + "..."
+    return ParsedAction(None, True, f"{shown!r} is not one of: {', '.join(choices)}")
+
+
+def render_turn(state: str, feedback: str = "") -> str:
+    """One observation: an optional feedback line above the state text."""
+    return f"{feedback}\n{state}" if feedback else state
+
+
+def format_action(action: str, action_format: str) -> str:
+    """The expert's action as the model should write it ("text": bare, "answer": wrapped)."""
+    return f"<answer>{action}</answer>" if action_format == "answer" else action
+
+
+# ----------------------------------------------------------------------------- step mechanics
+class TurnEnv(Env):
+    """Shared episode mechanics for environments with a scalar progress score in [0, 1].
+
+    Subclasses implement `_new_task(seed)`, `_apply(action) -> feedback`, `render()`,
+    `score()`, `won()`, `over()`, `state_key()`, `admissible()`, `parse_action`, `expert_action`.
+    Rewards: a format error gives `-format_penalty` and leaves the state unchanged; otherwise
+    "sparse" gives 1.0 on the step that ends the episode with a win, else 0; "dense" gives the
+    score increment of the step, so an episode's dense rewards sum to final - initial score.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._done = True
+        self._seed: int | None = None
+
+    @abstractmethod
+    def _new_task(self, seed: int) -> None: ...
+    @abstractmethod
+    def _apply(self, action: str) -> str: ...
+    @abstractmethod
+    def render(self) -> str: ...
+    @abstractmethod
+    def score(self) -> float: ...
+    @abstractmethod
+    def won(self) -> bool: ...
+    @abstractmethod
+    def over(self) -> bool: ...
+    @abstractmethod
+    def state_key(self) -> str: ...
+
+    def admissible(self) -> list[str] | None:
+        return None
+
+    def info(self, format_error: bool = False) -> dict[str, Any]:
+        return {"won": self.won(), "score": self.score(), "admissible": self.admissible(),
+                "state_key": self.state_key(), "format_error": format_error}
+
+    def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        self._seed = int(seed)
+        self._new_task(self._seed)
+        self._done = False
+        return self.render(), self.info()
+
+    def step(self, text: str) -> StepResult:
+        if self._done:
+            raise RuntimeError(f"{type(self).__name__}: step() after the episode ended; "
+                               "call reset(seed) first")
+        parsed = self.parse_action(text if isinstance(text, str) else "")
+        if parsed.format_error:
+            feedback = f"{INVALID_PREFIX}: {parsed.message}"
+            return StepResult(render_turn(self.render(), feedback), -self.format_penalty,
+                              False, self.info(format_error=True))
+        before = self.score()
+        feedback = self._apply(parsed.action)
+        self._done = self.over()
+        if self.reward_density == "dense":
+            reward = round(self.score() - before, 12)  # 0.1 stays 0.1, not 0.0999...
+        else:
+            reward = 1.0 if self._done and self.won() else 0.0
+        return StepResult(render_turn(self.render(), feedback), reward, self._done, self.info())

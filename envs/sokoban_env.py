@@ -1,0 +1,260 @@
+"""Sokoban as text, with our own generator: every level is solvable by construction.
+
+Generation (per task seed, `random.Random(seed)`): carve a connected floor by a random walk,
+put boxes on random targets and the player on a free cell, then play `reverse_steps` random
+reverse moves (the player walks; a box right behind the player is pulled along with
+probability 0.8). The reverse state with the largest box-to-target distance becomes the
+start, so the forward solution exists by construction; a walk that leaves every box on a
+target is redone with the next draws of the same generator.
+
+Symbols (RAGEN): # wall, _ floor, O target, X box, √ box on target, P player, S player on
+a target. Moving into a wall or into a box that cannot move is a no-op.
+Score = fraction of boxes on targets (dense reward: +1/num_boxes per box pushed onto a
+target, -1/num_boxes per box pushed off one). Expert: breadth-first search over
+(player, boxes) with dead-cell pruning, i.e. a shortest solution in moves.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from envs.base import EnvOptions, ParsedAction, TurnEnv, format_action, parse_choice
+from envs.registry import ENVS
+
+ACTIONS = ("up", "down", "left", "right")
+FLOOR_FRACTION = 0.7  # carved share of the room's interior
+PULL_PROB = 0.8
+MAX_SEARCH_STATES = 500_000
+
+
+class SokobanOptions(EnvOptions):
+    size: int = Field(6, ge=4, le=10, description="side of the square room, outer walls "
+                                                  "included (interior is size-2)")
+    num_boxes: int = Field(1, ge=1, le=4, description="boxes (= targets)")
+    reverse_steps: int = Field(30, ge=1, le=1000, description="reverse-play moves used to "
+                                                             "scatter the boxes; more = harder")
+    action_format: Literal["text", "answer"] = Field(
+        "text", description="how the expert writes actions: 'up' or '<answer>up</answer>' "
+                            "(both are always accepted)")
+
+    @model_validator(mode="after")
+    def _room_fits(self):
+        if self.num_boxes + 1 > FLOOR_FRACTION * (self.size - 2) ** 2 - 2:
+            raise ValueError(f"num_boxes={self.num_boxes} does not fit a size={self.size} room")
+        return self
+
+
+class Level:
+    """Static part of a level: size, walls, targets; cells are indices r * size + c."""
+
+    def __init__(self, size: int, floor: frozenset[int], targets: frozenset[int]):
+        self.size, self.floor, self.targets = size, floor, targets
+        self.moves = {"up": -size, "down": size, "left": -1, "right": 1}
+        self.live = self._live_cells()
+
+    def _live_cells(self) -> frozenset[int]:
+        """Cells from which a lone box can still be pushed onto some target."""
+        live, queue = set(self.targets), deque(self.targets)
+        while queue:
+            c = queue.popleft()
+            for d in self.moves.values():
+                if c - d in self.floor and c - 2 * d in self.floor and c - d not in live:
+                    live.add(c - d)
+                    queue.append(c - d)
+        return frozenset(live)
+
+
+def _carve(rng: random.Random, size: int) -> set[int]:
+    inner = size - 2
+    want = max(4, round(FLOOR_FRACTION * inner * inner))
+    r, c = rng.randrange(1, size - 1), rng.randrange(1, size - 1)
+    floor = {r * size + c}
+    while len(floor) < want:
+        dr, dc = rng.choice(((-1, 0), (1, 0), (0, -1), (0, 1)))
+        if 1 <= r + dr < size - 1 and 1 <= c + dc < size - 1:
+            r, c = r + dr, c + dc
+            floor.add(r * size + c)
+    return floor
+
+
+def _reverse_play(rng, level: Level, player: int, steps: int) -> tuple[int, tuple[int, ...]]:
+    """Random reverse moves from the solved state; the start state farthest from solved."""
+    targets = sorted(level.targets)
+    boxes = list(targets)  # box i starts on target i
+    best, best_spread = (player, tuple(boxes)), 0
+    dirs = list(level.moves.values())
+    for _ in range(steps):
+        d = rng.choice(dirs)
+        nxt = player + d
+        if nxt not in level.floor or nxt in boxes:
+            continue
+        behind = player - d
+        if behind in boxes and rng.random() < PULL_PROB:
+            boxes[boxes.index(behind)] = player
+        player = nxt
+        spread = sum(_manhattan(b, t, level.size) for b, t in zip(boxes, targets))
+        if spread > best_spread:
+            best, best_spread = (player, tuple(boxes)), spread
+    player, boxes = best
+    for _ in range(2 * level.size):  # walk away from the box without pulling
+        nxt = player + rng.choice(dirs)
+        if nxt in level.floor and nxt not in boxes:
+            player = nxt
+    return player, tuple(sorted(boxes))
+
+
+def _manhattan(a: int, b: int, size: int) -> int:
+    return abs(a // size - b // size) + abs(a % size - b % size)
+
+
+@lru_cache(maxsize=2048)
+def generate(seed: int, size: int, num_boxes: int, reverse_steps: int):
+    """(Level, player, boxes) of task `seed`; deterministic, never already solved."""
+    rng = random.Random(seed)
+    for _ in range(1000):
+        floor = _carve(rng, size)
+        cells = rng.sample(sorted(floor), num_boxes + 1)
+        level = Level(size, frozenset(floor), frozenset(cells[:num_boxes]))
+        player, boxes = _reverse_play(rng, level, cells[-1], reverse_steps)
+        if not set(boxes) <= level.targets:
+            return level, player, boxes
+    raise ValueError(f"sokoban: no unsolved level for seed {seed} in 1000 tries; "
+                     f"raise reverse_steps ({reverse_steps}) or size ({size})")
+
+
+def solve(level: Level, player: int, boxes: tuple[int, ...]) -> list[str] | None:
+    """A shortest move sequence solving the state, or None (deadlock / search limit)."""
+    start = (player, boxes)
+    parent: dict = {start: None}
+    queue = deque([start])
+    while queue and len(parent) < MAX_SEARCH_STATES:
+        state = queue.popleft()
+        if set(state[1]) <= level.targets:
+            return _path(parent, state)
+        for action in ACTIONS:
+            nxt = _move(level, state, action)
+            if nxt is not None and nxt not in parent:
+                parent[nxt] = (state, action)
+                queue.append(nxt)
+    return None
+
+
+def _path(parent: dict, state) -> list[str]:
+    actions = []
+    while parent[state] is not None:
+        state, action = parent[state]
+        actions.append(action)
+    return actions[::-1]
+
+
+def _move(level: Level, state, action: str):
+    """The state after `action`, or None when it is a no-op or pushes a box onto a dead cell."""
+    player, boxes = state
+    d = level.moves[action]
+    nxt = player + d
+    if nxt not in level.floor:
+        return None
+    if nxt in boxes:
+        beyond = nxt + d
+        if beyond not in level.floor or beyond in boxes or beyond not in level.live:
+            return None
+        boxes = tuple(sorted(beyond if b == nxt else b for b in boxes))
+    return nxt, boxes
+
+
+@ENVS.register("sokoban", doc="Sokoban as text: push boxes onto targets; levels generated "
+                              "by reverse play (always solvable); BFS expert",
+               source="Sokoban symbols and setting of RAGEN (Wang et al. 2025); "
+                      "reverse-play generation as in gym-sokoban (Schrader 2018)")
+class Sokoban(TurnEnv):
+    name = "sokoban"
+    Options = SokobanOptions
+    observation_markers = ("Invalid action", "All boxes are on targets")
+
+    @property
+    def instructions(self) -> str:
+        text = ("Sokoban. You are P. Push each box X onto a target O; √ is a box on a target. "
+                "# is wall. Actions: up, down, left, right.")
+        if self.options.action_format == "answer":
+            text += " Answer as <answer>up</answer>."
+        return text
+
+    @classmethod
+    def task_fingerprint(cls, seed: int, options: SokobanOptions) -> str:
+        level, player, boxes = generate(seed, options.size, options.num_boxes,
+                                        options.reverse_steps)
+        return _render(level, player, boxes)
+
+    def _new_task(self, seed: int) -> None:
+        o = self.options
+        self.level, self.player, self.boxes = generate(seed, o.size, o.num_boxes,
+                                                       o.reverse_steps)
+        self._plan: dict = {}  # state -> expert action along the last solution found
+
+    def _apply(self, action: str) -> str:
+        level, d = self.level, self.level.moves[action]
+        nxt = self.player + d
+        if nxt not in level.floor:
+            return ""
+        if nxt in self.boxes:
+            beyond = nxt + d
+            if beyond not in level.floor or beyond in self.boxes:
+                return ""
+            self.boxes = tuple(sorted(beyond if b == nxt else b for b in self.boxes))
+        self.player = nxt
+        return "All boxes are on targets." if self.won() else ""
+
+    def render(self) -> str:
+        return _render(self.level, self.player, self.boxes)
+
+    def score(self) -> float:
+        return sum(b in self.level.targets for b in self.boxes) / len(self.boxes)
+
+    def won(self) -> bool:
+        return set(self.boxes) <= self.level.targets
+
+    def over(self) -> bool:
+        return self.won()
+
+    def state_key(self) -> str:
+        return self.render().replace("\n", "/")
+
+    def admissible(self) -> list[str]:
+        return list(ACTIONS)
+
+    def parse_action(self, text: str) -> ParsedAction:
+        return parse_choice(text, ACTIONS)
+
+    def expert_action(self) -> str:
+        """Next move of a shortest solution; 'up' when the state is dead-locked."""
+        state = (self.player, self.boxes)
+        if state not in self._plan:
+            self._plan = {}
+            actions = solve(self.level, *state) or []
+            for action in actions:
+                self._plan[state] = action
+                state = _move(self.level, state, action)
+        return format_action(self._plan.get((self.player, self.boxes), "up"),
+                             self.options.action_format)
+
+
+def _render(level: Level, player: int, boxes: tuple[int, ...]) -> str:
+    rows = []
+    for r in range(level.size):
+        row = []
+        for c in range(r * level.size, (r + 1) * level.size):
+            target = c in level.targets
+            if c == player:
+                row.append("S" if target else "P")
+            elif c in boxes:
+                row.append("√" if target else "X")
+            elif c in level.floor:
+                row.append("O" if target else "_")
+            else:
+                row.append("#")
+        rows.append("".join(row))
+    return "\n".join(rows)
