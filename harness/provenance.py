@@ -1,0 +1,76 @@
+"""Where a number came from: code version (git commit + dirty flag), package versions, config hash."""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Packages whose versions can change a result; recorded in every summary.json.
+TRACKED_PACKAGES = ("harness", "torch", "transformers", "peft", "trl", "numpy", "textworld", "alfworld",
+                    "gymnasium", "pydantic", "mlflow", "vllm", "ray")
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted-key, whitespace-free JSON: the form that is hashed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+
+
+def config_hash(config: Any, length: int = 8) -> str:
+    """Hash of the canonical resolved config (a RunConfig or its JSON dump)."""
+    if hasattr(config, "model_dump"):
+        config = config.model_dump(mode="json")
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:length]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                             timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict[str, Any]:
+    """{"commit", "dirty", "diff_sha"}: the git commit of this checkout and whether the working tree
+    differs from it (diff_sha hashes `git diff HEAD`, so two dirty runs can still be compared).
+    Outside a git checkout the commit is None and the package version stands in."""
+    from harness import __version__
+
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "diff_sha": None, "version": __version__}
+    status = _git("status", "--porcelain") or ""
+    dirty = bool(status.strip())
+    diff_sha = None
+    if dirty:
+        diff = (_git("diff", "HEAD") or "") + status
+        diff_sha = hashlib.sha256(diff.encode()).hexdigest()[:12]
+    return {"commit": commit.strip(), "dirty": dirty, "diff_sha": diff_sha, "version": __version__}
+
+
+@lru_cache(maxsize=1)
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    versions["python"] = sys.version.split()[0]
+    return versions
+
+
+def environment() -> dict[str, Any]:
+    """Everything above plus the machine, for summary.json."""
+    return {"code": code_version(), "packages": package_versions(),
+            "platform": platform.platform(), "host": platform.node()}

@@ -1,0 +1,294 @@
+"""Sweep files: one base config and the axes to vary, expanded into points.
+
+    name: clipping                     # results/<name>/, MLflow experiment
+    description: ...                   # optional
+    base: ../configs/frozenlake_tiny.yaml   # or an inline mapping
+    grid:                              # cartesian product of dotted key -> values
+      algo.agg: [token-mean, seq-mean-token-mean]
+    zip:                               # optional: groups of keys varied together
+      - {algo.clip.eps_low: [0.2, 0.003], algo.clip.eps_high: [0.28, 0.004]}
+    points:                            # explicit points, added to the grid's (not crossed with it)
+      - {label: gspo, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4}
+    seeds: [0, 1, 2]
+    baseline: gspo                     # a label, or an override mapping; default: the first point
+
+Variants = product(grid keys, zip groups) + points (one base-only variant when none is given);
+points = variants x seeds. A point's id is a readable slug of its overrides (or its label), its
+seed and 8 hex digits of the hash of its canonical resolved config: `agg=token-mean__seed=1__3f2a1b9c`.
+Axis isolation: a point may differ from the baseline (same seed) only in declared axes
+(grid / zip / points keys, the seed, keys filled by a declared `algo.preset`, and `env.options`
+when `env.name` is declared); anything else is an error.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.config import RunConfig
+from harness.errors import ConfigError
+from harness.loading import (_paragraph, _show, apply_overrides, covers, flatten, presets, read_yaml,
+                             validate_run_config, validation_lines)
+from harness.provenance import config_hash
+
+SEED_KEY = "train.seed"
+SLUG_MAX = 64
+
+
+class SweepSpec(BaseModel):
+    """The schema of a sweep file (strict: unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="Sweep name: the results folder and the MLflow experiment.")
+    description: str = Field("", description="What question the sweep answers.")
+    base: dict[str, Any] | str = Field(default_factory=dict,
+                                       description="Base config: inline mapping or a path relative to the sweep file.")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values (cartesian).")
+    zip: list[dict[str, list[Any]]] = Field(default_factory=list,
+                                            description="Groups of dotted keys -> equal-length lists, varied together.")
+    points: list[dict[str, Any]] = Field(default_factory=list,
+                                         description="Explicit override mappings, each with an optional label.")
+    seeds: list[int] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
+    baseline: dict[str, Any] | str | None = Field(None, description="Reference variant: a label or overrides.")
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    variant: str                 # slug without the seed; equal across seeds of one variant
+    label: str | None
+    seed: int
+    overrides: dict[str, Any]    # dotted key -> value, without the seed
+    config: RunConfig
+    config_hash: str
+    is_baseline: bool = False
+
+
+@dataclass
+class Sweep:
+    name: str
+    description: str
+    path: Path | None
+    axes: list[str]
+    baseline: str                # the baseline's variant slug
+    seeds: list[int]
+    points: list[Point] = field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        """What results/<name>/sweep.json holds: enough for tables to group seeds and find the baseline."""
+        variants = {}
+        for p in self.points:
+            variants.setdefault(p.variant, {"variant": p.variant, "label": p.label, "overrides": p.overrides,
+                                            "is_baseline": p.is_baseline})
+        return {"name": self.name, "description": self.description, "source": str(self.path or ""),
+                "axes": self.axes, "baseline": self.baseline, "seeds": self.seeds,
+                "variants": list(variants.values()),
+                "points": [{"id": p.id, "variant": p.variant, "seed": p.seed, "config_hash": p.config_hash}
+                           for p in self.points]}
+
+
+# ----------------------------------------------------------------------------- slugs
+def short_key(key: str) -> str:
+    """algo.clip.level -> clip.level, algo.agg -> agg, env.options.size -> options.size, turns.max."""
+    key = key.removeprefix("algo.")
+    parts = key.split(".")
+    return ".".join(parts[1:]) if len(parts) >= 3 else key
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "-".join(_fmt(v) for v in value) or "empty"
+    if isinstance(value, dict):
+        return "-".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "empty"
+    return str(value)
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "-", text).strip("-") or "x"
+
+
+def variant_slug(overrides: dict[str, Any], label: str | None) -> str:
+    if label:
+        return slugify(label)[:SLUG_MAX]
+    if not overrides:
+        return "base"
+    slug = slugify("__".join(f"{short_key(k)}={_fmt(v)}" for k, v in overrides.items()))
+    return slug[:SLUG_MAX].rstrip("_.-=")
+
+
+def point_id(variant: str, seed: int, chash: str) -> str:
+    return f"{variant}__seed={seed}__{chash}"
+
+
+# ----------------------------------------------------------------------------- expansion
+def _read_spec(path: Path) -> SweepSpec:
+    raw = read_yaml(path, what="sweep")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; "
+                          f"got {type(raw).__name__}")
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_paragraph(str(path), validation_lines(e, SweepSpec))) from None
+
+
+def _base(spec: SweepSpec, path: Path) -> tuple[dict, str]:
+    if isinstance(spec.base, str):
+        base_path = (path.parent / spec.base)
+        raw = read_yaml(base_path, what=f"base config (from {path})")
+        source = str(base_path)
+    else:
+        raw, source = spec.base, f"{path} (base)"
+    validate_run_config(raw, source)  # a broken base is reported against its own file
+    return raw or {}, source
+
+
+def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any], str]]:
+    """(label, overrides, origin) for every variant, before seeds."""
+    factors: list[list[dict[str, Any]]] = [[{k: v} for v in values] for k, values in spec.grid.items()]
+    for i, group in enumerate(spec.zip):
+        lengths = {k: len(v) for k, v in group.items()}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"{src}: zip group {i + 1} has lists of different lengths: "
+                              + ", ".join(f"{k} ({n})" for k, n in lengths.items()))
+        factors.append([dict(zip(group, values)) for values in zip(*group.values())])
+    for k, values in list(spec.grid.items()) + [(k, v) for g in spec.zip for k, v in g.items()]:
+        if not values:
+            raise ConfigError(f"{src}: {k} has an empty list of values; give at least one.")
+    grid_keys = [k for f in factors for k in f[0]] if factors else []
+    dup = {k for k in grid_keys if grid_keys.count(k) > 1}
+    if dup:
+        raise ConfigError(f"{src}: {', '.join(sorted(dup))} appears in more than one grid/zip entry.")
+    out: list[tuple[str | None, dict[str, Any], str]] = []
+    if factors:
+        for combo in itertools.product(*factors):
+            overrides = {k: v for part in combo for k, v in part.items()}
+            out.append((None, overrides, "the sweep's grid/zip"))
+    for i, point in enumerate(spec.points):
+        point = dict(point)
+        label = point.pop("label", None)
+        if label is not None and not isinstance(label, str):
+            raise ConfigError(f"{src}: points[{i}].label = {_show(label)} must be a string.")
+        out.append((label, flatten(point), f"the sweep's point {label or i}"))
+    if not out:
+        out.append((None, {}, "the base config"))
+    for label, overrides, _ in out:
+        if SEED_KEY in overrides:
+            raise ConfigError(f"{src}: {SEED_KEY} is set by the sweep's `seeds` list; remove it from "
+                              f"{'point ' + repr(label) if label else 'the grid'}.")
+    labels = [label for label, _, _ in out if label]
+    dup = {label for label in labels if labels.count(label) > 1}
+    if dup:
+        raise ConfigError(f"{src}: point label {sorted(dup)[0]!r} is used twice; labels must be unique.")
+    return out
+
+
+def declared_axes(spec: SweepSpec, variants: list[tuple[str | None, dict, str]]) -> list[str]:
+    axes: list[str] = []
+    for _, overrides, _ in variants:
+        axes += [k for k in overrides if k not in axes]
+    return axes + [SEED_KEY]
+
+
+def _isolation_covers(axes: list[str]) -> list[str]:
+    """Keys a declared axis may change besides itself."""
+    covered = list(axes)
+    if "algo.preset" in axes:
+        for values in (presets() or {}).values():
+            covered += [k if k.startswith("algo.") else f"algo.{k}" for k in values]
+    if "env.name" in axes:
+        covered.append("env.options")
+    return covered
+
+
+def _pick_baseline(spec: SweepSpec, src: str, base: dict, by_variant: dict[str, dict[str, Any]]) -> str:
+    """by_variant: slug -> {"label", "overrides", "hash"(seed 0 of seeds)}"""
+    if spec.baseline is None:
+        return next(iter(by_variant))
+    if isinstance(spec.baseline, str):
+        for slug, v in by_variant.items():
+            if spec.baseline in (v["label"], slug):
+                return slug
+        names = [v["label"] or slug for slug, v in by_variant.items()]
+        raise ConfigError(f"{src}: baseline {spec.baseline!r} names no point; choose one of: {', '.join(names)}.")
+    overrides = {**flatten(spec.baseline), SEED_KEY: spec.seeds[0]}
+    cfg = validate_run_config(apply_overrides(base, overrides, src), f"{src} (baseline)")
+    chash = config_hash(cfg)
+    for slug, v in by_variant.items():
+        if v["hash"] == chash:
+            return slug
+    raise ConfigError(f"{src}: baseline {spec.baseline} matches no point of the sweep; give the overrides of "
+                      f"one point or its label ({', '.join(v['label'] or s for s, v in by_variant.items())}).")
+
+
+def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], covered: list[str]) -> None:
+    ref = flatten(first_seed[baseline].model_dump(mode="json"))
+    for slug, cfg in first_seed.items():
+        flat = flatten(cfg.model_dump(mode="json"))
+        for key in sorted(set(ref) | set(flat)):
+            if ref.get(key) != flat.get(key) and not any(covers(a, key) for a in covered):
+                raise ConfigError(
+                    f"{src}: point {slug!r} differs from the baseline {baseline!r} in {key} "
+                    f"({_show(flat.get(key))} vs {_show(ref.get(key))}), which is not a declared axis "
+                    f"(axis isolation). Declare it in the point's overrides or the grid: "
+                    f"{', '.join(a for a in covered if a != SEED_KEY)}.")
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read, validate and expand a sweep file (every point's config is fully checked)."""
+    path = Path(path)
+    spec = _read_spec(path)
+    src = str(path)
+    if len(set(spec.seeds)) != len(spec.seeds):
+        raise ConfigError(f"{src}: seeds {spec.seeds} contain duplicates.")
+    base, _ = _base(spec, path)
+    variants = _variants(spec, src)
+    axes = declared_axes(spec, variants)
+    points: list[Point] = []
+    by_variant: dict[str, dict[str, Any]] = {}
+    first_seed: dict[str, RunConfig] = {}
+    hashes: dict[str, str] = {}
+    for label, overrides, origin in variants:
+        slug = variant_slug(overrides, label)
+        if slug in by_variant:  # two unlabelled variants whose slugs were cut to the same text
+            slug = f"{slug[:SLUG_MAX - 7]}-{config_hash(overrides, 6)}"
+        for seed in spec.seeds:
+            source = f"{src} (point {slug}, seed {seed})"
+            origins = {k: origin for k in overrides}
+            cfg = validate_run_config(apply_overrides(base, {**overrides, SEED_KEY: seed}, source), source, origins)
+            chash = config_hash(cfg)
+            if chash in hashes:
+                raise ConfigError(f"{src}: points {hashes[chash]!r} and {slug!r} resolve to the same config "
+                                  f"(seed {seed}); remove one.")
+            hashes[chash] = slug
+            if seed == spec.seeds[0]:
+                by_variant[slug] = {"label": label, "overrides": overrides, "hash": chash}
+                first_seed[slug] = cfg
+            points.append(Point(point_id(slug, seed, chash), slug, label, seed, dict(overrides), cfg, chash))
+    baseline = _pick_baseline(spec, src, base, by_variant)
+    _check_isolation(src, baseline, first_seed, _isolation_covers(axes))
+    points = [Point(**{**p.__dict__, "is_baseline": p.variant == baseline}) for p in points]
+    return Sweep(spec.name, spec.description, path, axes, baseline, list(spec.seeds), points)
+
+
+def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:
+    """`harness run CONFIG -o k=v`: a one-point sweep named after the config file."""
+    from harness.loading import load_run_config, parse_override
+
+    cfg = load_run_config(config_path, overrides)
+    parsed = {k: v for k, v in (parse_override(o) for o in overrides) if k != SEED_KEY}
+    slug = variant_slug(parsed, None)
+    chash = config_hash(cfg)
+    point = Point(point_id(slug, cfg.train.seed, chash), slug, None, cfg.train.seed, parsed, cfg, chash, True)
+    name = name or slugify(Path(config_path).stem)
+    return Sweep(name, "", Path(config_path), list(parsed) + [SEED_KEY], slug, [cfg.train.seed], [point])
