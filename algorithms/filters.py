@@ -22,20 +22,20 @@ def group_scores(rewards: torch.Tensor, group: torch.Tensor):
     """(inv (N,) dense group index, score (G,) in-group std, zero_var (G,) bool)."""
     R = rewards.float()
     inv, n = dense_ids(group)
-    hi = torch.full((n,), -torch.inf).scatter_reduce(0, inv, R, "amax")
-    lo = torch.full((n,), torch.inf).scatter_reduce(0, inv, R, "amin")
+    hi = torch.full((n,), -torch.inf, device=R.device).scatter_reduce(0, inv, R, "amax")
+    lo = torch.full((n,), torch.inf, device=R.device).scatter_reduce(0, inv, R, "amin")
     zero_var = hi == lo  # exact, unlike a float std
     _, std, _ = group_stats(R, inv)
-    score = torch.zeros(n).scatter(0, inv, torch.nan_to_num(std, nan=0.0))
+    score = torch.zeros(n, device=R.device).scatter(0, inv, torch.nan_to_num(std, nan=0.0))
     return inv, torch.where(zero_var, 0.0, score), zero_var
 
 
 def _result(name: str, keep_group: torch.Tensor, inv: torch.Tensor,
             zero_var: torch.Tensor) -> FilterResult:
-    keep = keep_group[inv] if inv.numel() else torch.zeros(0, dtype=torch.bool)
+    keep = keep_group[inv]  # (N,)
     n = max(keep_group.numel(), 1)
     stats = {"kept_group_frac": keep_group.sum() / n,
-             "kept_traj_frac": keep.float().mean() if keep.numel() else torch.tensor(0.0),
+             "kept_traj_frac": keep.float().sum() / max(keep.numel(), 1),
              "zero_var_frac": zero_var.sum() / n,
              "num_groups": torch.tensor(float(keep_group.numel()))}
     if not bool(keep.any()):
@@ -46,7 +46,7 @@ def _result(name: str, keep_group: torch.Tensor, inv: torch.Tensor,
     return FilterResult(keep, stats)
 
 
-@GROUP_FILTER.register("none", doc="keep every group", source="")
+@GROUP_FILTER.register("none", doc="keep every group", source="baseline (no filtering)")
 def no_filter(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Keep all trajectories (stats still reported)."""
     inv, _, zero_var = group_scores(rewards, group)
@@ -76,7 +76,7 @@ def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> Filter
     inv, score, zero_var = group_scores(rewards, group)
     order = _order(score)
     cs = torch.cumsum(score[order], 0)
-    total = cs[-1] if cs.numel() else torch.tensor(0.0)
+    total = cs[-1] if cs.numel() else cs.sum()
     n_keep = int((cs < params.top_p * total).sum()) + 1  # cs[-1] == total: p = 1 keeps all
     keep = torch.zeros_like(zero_var)
     keep[order[:n_keep]] = True
