@@ -19,7 +19,7 @@ from .types import AdvantageInputs, AdvantageOutput, AdvantageParams
 from .utils import dense_ids, group_stats
 
 GIGPO_MODES = ("mean_std_norm", "mean_norm")
-EPISODE_STATS = ("trajectories", "steps")
+EPISODE_STATS = ("trajectories", "steps", "trajectory", "step")  # singular = alias
 
 
 def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
@@ -35,7 +35,7 @@ def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
 def episode_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Tensor:
     """A^E (N,) from the outcome rewards of each rollout group."""
     R = inputs.rewards.float()
-    weight = inputs.turn_mask.bool().sum(1) if params.episode_stats == "steps" else None
+    weight = inputs.turn_mask.bool().sum(1) if params.episode_stats in ("steps", "step") else None
     mean, std, _ = group_baseline(R, inputs.group, weight)
     a = R - mean
     return a / (std + params.eps) if params.gigpo_mode == "mean_std_norm" else a

@@ -88,3 +88,12 @@ def test_distinct_anchors_equal_episode_level(seed, N, K, mode):
     out = gigpo(inp, AdvantageParams(gigpo_mode=mode))
     episode = ADVANTAGE.get("grpo" if mode == "mean_std_norm" else "dr_grpo")(inp, AdvantageParams())
     assert torch.allclose(out.advantages, episode.advantages, atol=1e-6)
+
+
+def test_episode_stats_aliases():
+    inp = _example(turn_mask=((1, 1), (1, 0)))
+    for a, b in (("trajectories", "trajectory"), ("steps", "step")):
+        x = gigpo(inp, AdvantageParams(episode_stats=a)).advantages
+        assert torch.equal(x, gigpo(inp, AdvantageParams(episode_stats=b)).advantages)
+    with pytest.raises(ValueError, match="episode_stats"):
+        gigpo(inp, AdvantageParams(episode_stats="episodes"))
