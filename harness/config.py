@@ -78,6 +78,9 @@ class TurnsConfig(Strict):
     curriculum_every: int = F(80, "Updates between curriculum steps (paper: 80).", ge=1)
     overflow_penalty: float = F(0.0, "Reward subtracted when the budget or max_new_tokens is exceeded "
                                 "(AgentRL, Zhang et al. 2025, uses 0.2).", ge=0)
+    final_turn_note: str | None = F(None, "Appended (on a new line) to the observation of the last allowed "
+                                    "turn, asking for a final answer (ScalingInter-RL). null = 'Last turn: "
+                                    "answer now.' when a curriculum is set, none otherwise; '' = never.")
 
     @model_validator(mode="after")
     def _increasing(self) -> "TurnsConfig":

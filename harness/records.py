@@ -25,6 +25,10 @@ class StepRecord:
     format_error: bool = False
     state_key: str = ""            # environment state before the action (GiGPO anchor)
     info: dict[str, Any] = field(default_factory=dict)
+    # constrained decoding only (rollout.constrain): log-probs of action_ids under the
+    # unconstrained tempered distribution; sampler_logprobs are then under the constrained
+    # (renormalised) one. None when the turn was not constrained.
+    unconstrained_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Episode:
     truncated: bool = False        # turn budget reached before the episode ended
     env_error: str | None = None
     score: float = 0.0
+    turn_budget: int = 0           # turn budget the episode ran under (curriculum), 0 = unknown
 
     @property
     def outcome(self) -> float:
