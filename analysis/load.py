@@ -1,0 +1,346 @@
+"""Read a results folder into pandas: one row per point (`load_results`) and long-format learning
+curves (`load_curves`).
+
+Tolerant by design: a point with a missing or unreadable file is a row with status `missing`,
+`running` or `partial` and a `problems` note, never an exception. Only a path that is not a
+results folder at all raises `AnalysisError` (one paragraph, for the CLI to print).
+
+Layout read (written by the runner):
+    <sweep>/sweep.json                  name, axes, baseline, seeds, points (may be absent)
+    <sweep>/<point>/config.yaml         resolved RunConfig (nested)
+    <sweep>/<point>/metrics.jsonl       one JSON row per update; update 0 = evaluation before RL
+    <sweep>/<point>/summary.json        status, metrics, config_hash, code_version, packages
+    <sweep>/<point>/status              one word
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+SEED_KEY = "train.seed"
+POINT_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "status")
+# Statuses whose summary metrics are results (a diverged run is a result, not a failure).
+FINISHED = ("done", "diverged")
+
+
+class AnalysisError(ValueError):
+    """The path is not a results folder, or a requested metric does not exist (one paragraph)."""
+
+
+@dataclass
+class SweepMeta:
+    """What the sweep asked for. `source` is 'sweep.json' or 'inferred' (no/unreadable sweep.json)."""
+
+    name: str
+    axes: list[str]
+    baseline: dict[str, Any]
+    seeds: list[int]
+    points: list[dict[str, Any]]
+    source: str = "sweep.json"
+    problems: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- small readers
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and scalars are leaves."""
+    if not isinstance(d, dict):
+        return {prefix: d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def format_value(v: Any) -> str:
+    """Axis value as shown in labels and tables (stable, compact)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"), sort_keys=True)
+    return str(v)
+
+
+def _read_json(p: Path, problems: list[str]) -> Any:
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        problems.append(f"{p.name} unreadable ({type(e).__name__})")
+        return None
+
+
+def _read_yaml(p: Path, problems: list[str]) -> Any:
+    if not p.is_file():
+        return None
+    try:
+        return yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        problems.append(f"{p.name} unreadable ({type(e).__name__})")
+        return None
+
+
+def read_metrics_rows(p: Path) -> list[dict[str, Any]]:
+    """Rows of metrics.jsonl; a torn last line (run still writing) or a bad line is skipped."""
+    rows = []
+    try:
+        text = p.read_text()
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def code_version_str(cv: Any) -> str | None:
+    """summary code_version (a string, or harness.provenance's {commit, dirty, diff_sha} dict) -> short text."""
+    if cv is None:
+        return None
+    if isinstance(cv, dict):
+        commit = cv.get("commit")
+        text = str(commit)[:7] if commit else f"v{cv.get('version', '?')}"
+        if cv.get("dirty"):
+            text += f"+dirty.{cv.get('diff_sha') or '?'}"
+        return text
+    s = str(cv)
+    is_hex = len(s) == 40 and all(c in "0123456789abcdef" for c in s.lower())
+    return s[:7] if is_hex else s
+
+
+# ----------------------------------------------------------------------------- sweep metadata
+def _point_dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and any((p / f).exists() for f in POINT_FILES))
+
+
+def _infer_axes(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """Config keys whose values differ across points, other than the seed (sorted)."""
+    keys = sorted({k for c in configs.values() for k in c})
+    axes = []
+    for k in keys:
+        if k == SEED_KEY:
+            continue
+        if len({format_value(c.get(k, "<absent>")) for c in configs.values()}) > 1:
+            axes.append(k)
+    return axes
+
+
+def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta:
+    problems: list[str] = []
+    raw = _read_json(root / "sweep.json", problems)
+    dirs = _point_dirs(root)
+    if isinstance(raw, dict):
+        points = [p for p in raw.get("points") or [] if isinstance(p, dict) and "id" in p]
+        axes = list(raw.get("axes") or [])
+        seeds = sorted({int(s) for s in raw.get("seeds") or []})
+        baseline = dict(raw.get("baseline") or {})
+        if not axes and configs:
+            axes = _infer_axes(configs)
+        meta = SweepMeta(str(raw.get("name") or root.name), axes, baseline, seeds, points, "sweep.json", problems)
+    else:
+        if raw is None and not problems:
+            problems.append("no sweep.json: axes inferred from the configs, baseline = first point")
+        points = [{"id": d, "label": None, "overrides": {}} for d in dirs]
+        axes = _infer_axes(configs)
+        seeds = sorted({int(c[SEED_KEY]) for c in configs.values() if isinstance(c.get(SEED_KEY), int)})
+        first = configs.get(dirs[0], {}) if dirs else {}
+        baseline = {a: first.get(a) for a in axes}
+        meta = SweepMeta(root.name, axes, baseline, seeds, points, "inferred", problems)
+    known = {p["id"] for p in meta.points}
+    meta.points += [{"id": d, "label": None, "overrides": {}} for d in dirs if d not in known]
+    return meta
+
+
+# ----------------------------------------------------------------------------- one point
+def _status(pdir: Path, summary: dict | None, has_metrics: bool) -> str:
+    try:
+        word = (pdir / "status").read_text().strip().split()
+    except OSError:
+        word = []
+    if word:
+        return word[0].lower()
+    if summary and summary.get("status"):
+        return str(summary["status"]).lower()
+    if has_metrics:
+        return "running"
+    return "missing" if not pdir.exists() else "partial"
+
+
+def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
+               problems: list[str]) -> dict[str, Any]:
+    pdir = root / str(point["id"])
+    summary = _read_json(pdir / "summary.json", problems)
+    summary = summary if isinstance(summary, dict) else None
+    has_metrics = (pdir / "metrics.jsonl").is_file()
+    row: dict[str, Any] = dict(config or {})
+    status = _status(pdir, summary, has_metrics)
+    if not pdir.exists():
+        problems.append("no point folder")
+    else:
+        problems += [f"no {f}" for f in ("config.yaml", "summary.json") if not (pdir / f).is_file()]
+    metrics = (summary or {}).get("metrics") or {}
+    collapsed = metrics.get("collapsed_at")
+    row["collapse_recorded"] = "collapsed_at" in metrics
+    for k, v in flatten({k: v for k, v in metrics.items() if k != "collapsed_at"}).items():
+        row[k] = v
+    if isinstance(collapsed, dict):
+        row["collapsed_at"] = float(collapsed["update"]) if collapsed.get("update") is not None else math.nan
+        row["collapsed_reason"] = collapsed.get("reason")
+    else:
+        row["collapsed_at"] = float(collapsed) if isinstance(collapsed, (int, float)) else math.nan
+        row["collapsed_reason"] = None
+    seed = point.get("seed", (config or {}).get(SEED_KEY))
+    row.update(point=str(point["id"]), seed=int(seed) if isinstance(seed, (int, float)) else None,
+               status=status, config_hash=(summary or {}).get("config_hash"),
+               code_version=code_version_str((summary or {}).get("code_version")),
+               packages=json.dumps((summary or {}).get("packages") or {}, sort_keys=True) if summary else None,
+               error=(summary or {}).get("error"), has_metrics=has_metrics,
+               problems="; ".join(problems))
+    return row
+
+
+# ----------------------------------------------------------------------------- public API
+def _root(path: str | Path) -> Path:
+    root = Path(path)
+    if not root.is_dir():
+        raise AnalysisError(f"{root} is not a results folder: expected a directory written by "
+                            f"`harness sweep` (results/<sweep>/ with sweep.json and one folder per point).")
+    return root
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """One row per point: flattened config (dotted columns, e.g. `algo.clip.level`), summary metrics
+    (e.g. `final/eval_greedy/success`, `collapsed_at` = update or NaN), and `point`, `seed`, `status`,
+    `label` (the cell: axis values, or the sweep's label), `is_baseline`, `config_hash`,
+    `code_version`, `problems`. The sweep's metadata is in `df.attrs["sweep"]` (a SweepMeta);
+    rows are ordered baseline cell first, then in sweep order."""
+    root = _root(path)
+    cfg_problems: dict[str, list[str]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for d in _point_dirs(root):
+        cfg_problems[d] = []
+        cfg = _read_yaml(root / d / "config.yaml", cfg_problems[d])
+        if isinstance(cfg, dict):
+            configs[d] = flatten(cfg)
+    meta = read_sweep_meta(root, configs)
+    if not meta.points:
+        raise AnalysisError(f"{root} holds no points: no sweep.json with points and no sub-folder with "
+                            f"{', '.join(POINT_FILES)}.")
+    rows = []
+    for p in meta.points:
+        pid = str(p["id"])
+        row = _point_row(root, p, configs.get(pid), list(cfg_problems.get(pid, [])))
+        overrides = p.get("overrides") or {}
+        for a in meta.axes:
+            row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
+        row["_sweep_label"] = p.get("label")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    _add_cells(df, meta)
+    df.attrs["sweep"] = meta
+    return df
+
+
+def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
+    return " | ".join(format_value(row.get(a)) for a in axes) if axes else "all"
+
+
+def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> None:
+    """`label` names the cell (all seeds of one axis combination); baseline cell first."""
+    axes = meta.axes
+    keys = [cell_key(r, axes) for _, r in df.iterrows()]
+    base_key = cell_key(meta.baseline, axes) if meta.baseline else (keys[0] if keys else "all")
+    if base_key not in keys and keys:
+        meta.problems.append(f"baseline {meta.baseline} matches no point; using the first point's cell")
+        base_key = keys[0]
+    labels: dict[str, str] = {}
+    for k, lab in zip(keys, df["_sweep_label"]):
+        if k not in labels and isinstance(lab, str) and lab:
+            labels[k] = lab
+    short = short_axis_names(axes)
+    for k, (_, r) in zip(keys, df.iterrows()):
+        if k not in labels:
+            labels[k] = ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes) if len(axes) > 1 \
+                else (format_value(r.get(axes[0])) if axes else "all")
+    order = list(dict.fromkeys([base_key] + keys))
+    df["cell"] = keys
+    df["label"] = [labels[k] for k in keys]
+    df["is_baseline"] = [k == base_key for k in keys]
+    df["_order"] = [order.index(k) for k in keys]
+    df.sort_values(["_order", "seed"], kind="stable", inplace=True, na_position="last")
+    df.drop(columns=["_order", "_sweep_label"], inplace=True)
+    df.reset_index(drop=True, inplace=True)
+
+
+def short_axis_names(axes: list[str]) -> dict[str, str]:
+    """'algo.clip.level' -> 'clip.level' (last two parts), the full key where that is ambiguous."""
+    short = {a: ".".join(a.split(".")[-2:]) for a in axes}
+    if len(set(short.values())) < len(short):
+        return {a: a for a in axes}
+    return short
+
+
+def load_curves(path: str | Path, results: pd.DataFrame | None = None,
+                metrics: list[str] | None = None) -> pd.DataFrame:
+    """Learning curves in long format: columns point, seed, label, status, update, metric, value
+    (numeric values only; `metrics` restricts which). Points without metrics.jsonl contribute nothing."""
+    root = _root(path)
+    results = load_results(root) if results is None else results
+    wanted = set(metrics) if metrics else None
+    cols: dict[str, list] = {c: [] for c in ("point", "seed", "label", "status", "update", "metric", "value")}
+    for _, r in results[results["has_metrics"]].iterrows():
+        for i, row in enumerate(read_metrics_rows(root / r["point"] / "metrics.jsonl")):
+            update = row.get("update", i)
+            for k, v in row.items():
+                if k == "update" or isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                if wanted is not None and k not in wanted:
+                    continue
+                for c, x in zip(cols, (r["point"], r["seed"], r["label"], r["status"], update, k, float(v))):
+                    cols[c].append(x)
+    df = pd.DataFrame(cols)
+    df["value"] = df["value"].astype(float)
+    df.attrs["sweep"] = results.attrs.get("sweep")
+    return df
+
+
+def resolve_metric(results: pd.DataFrame, curves: pd.DataFrame | None, name: str) -> pd.Series:
+    """Per-point values of `name` (aligned with `results`): a summary column when present, else
+    derived from the curves: `final/<m>` = last logged value, `best/<m>` = max, `init/<m>` = the
+    value at update 0. NaN where unknown."""
+    if name in results.columns:
+        return pd.to_numeric(results[name], errors="coerce").astype(float)
+    out = pd.Series(math.nan, index=results.index, dtype=float)
+    prefix, _, base = name.partition("/")
+    if curves is None or curves.empty or prefix not in ("final", "best", "init") or not base:
+        return out
+    c = curves[curves["metric"] == base].dropna(subset=["value"]).sort_values(["point", "update"])
+    if c.empty:
+        return out
+    g = c.groupby("point")["value"]
+    if prefix == "final":
+        per_point = g.last()
+    elif prefix == "best":
+        per_point = g.max()
+    else:
+        per_point = c[c["update"] == 0].groupby("point")["value"].first()
+    return results["point"].map(per_point).astype(float)
