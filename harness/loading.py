@@ -166,7 +166,7 @@ def iter_config_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> 
 
 
 # ----------------------------------------------------------------------------- error text
-def _show(value: Any, limit: int = 80) -> str:
+def show_value(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -184,7 +184,7 @@ def _origin_note(key: str, origins: Mapping[str, str]) -> str:
 
 
 def choice_message(key: str, value: Any, choices: list[str]) -> str:
-    return (f"{key} = {_show(value)} is not a valid choice; choose one of: "
+    return (f"{key} = {show_value(value)} is not a valid choice; choose one of: "
             f"{', '.join(map(str, choices))}.{_suggest(value, choices)}")
 
 
@@ -215,7 +215,7 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
         return msg if msg.endswith(".") else msg + "."
     if sub is not None and kind in ("model_type", "model_attributes_type", "dict_type"):
         msg += f" (a mapping with keys: {', '.join(sub.model_fields)})"
-    return f"{key} = {_show(value)}: {msg}."
+    return f"{key} = {show_value(value)}: {msg}."
 
 
 def validation_lines(err: ValidationError, root: type[BaseModel] = RunConfig, prefix: str = "",
@@ -228,7 +228,7 @@ def validation_lines(err: ValidationError, root: type[BaseModel] = RunConfig, pr
     return lines
 
 
-def _paragraph(source: str, lines: list[str]) -> str:
+def error_paragraph(source: str, lines: list[str]) -> str:
     if len(lines) == 1:
         return f"{source}: {lines[0]}"
     return f"{source}: {len(lines)} problems:\n" + "\n".join(f"  - {line}" for line in lines)
@@ -306,7 +306,7 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
             else:
                 cfg.env.options = options.model_dump(mode="json")
     if problems:
-        raise ConfigError(_paragraph(source, problems))
+        raise ConfigError(error_paragraph(source, problems))
     return cfg
 
 
@@ -317,13 +317,13 @@ def validate_run_config(raw: Any, source: str, origins: Mapping[str, str] | None
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of config sections ({', '.join(RunConfig.model_fields)}) "
-                          f"at the top level, got {type(raw).__name__} {_show(raw)}")
+                          f"at the top level, got {type(raw).__name__} {show_value(raw)}")
     raw = copy.deepcopy(raw)
     apply_preset(raw, source)
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_paragraph(source, validation_lines(e, origins=origins))) from None
+        raise ConfigError(error_paragraph(source, validation_lines(e, origins=origins))) from None
     return check_registries(cfg, source, origins)
 
 
@@ -343,7 +343,7 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         validate_run_config(raw, str(path))
     parsed = dict(parse_override(o) for o in overrides)
     raw = apply_overrides(raw, parsed, str(path))
-    origins = {k: f"-o {k}={_show(v)}" for k, v in parsed.items()}
+    origins = {k: f"-o {k}={show_value(v)}" for k, v in parsed.items()}
     return validate_run_config(raw, str(path), origins)
 
 

@@ -16,8 +16,9 @@ Variants = product(grid keys, zip groups) + points (one base-only variant when n
 points = variants x seeds. A point's id is a readable slug of its overrides (or its label), its
 seed and 8 hex digits of the hash of its canonical resolved config: `agg=token-mean__seed=1__3f2a1b9c`.
 Axis isolation: a point may differ from the baseline (same seed) only in declared axes
-(grid / zip / points keys, the seed, keys filled by a declared `algo.preset`, and `env.options`
-when `env.name` is declared); anything else is an error.
+(grid / zip / points keys, the seed, and `env.options` when `env.name` is declared); anything
+else is an error. Keys an `algo.preset` fills count as changes: a point that switches presets
+must also list the keys the preset changes.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.config import RunConfig
 from harness.errors import ConfigError
-from harness.loading import (_paragraph, _show, apply_overrides, covers, flatten, presets, read_yaml,
+from harness.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, read_yaml,
                              validate_run_config, validation_lines)
 from harness.provenance import config_hash
 
@@ -139,7 +140,7 @@ def _read_spec(path: Path) -> SweepSpec:
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_paragraph(str(path), validation_lines(e, SweepSpec))) from None
+        raise ConfigError(error_paragraph(str(path), validation_lines(e, SweepSpec))) from None
 
 
 def _base(spec: SweepSpec, path: Path) -> tuple[dict, str]:
@@ -178,7 +179,7 @@ def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any
         point = dict(point)
         label = point.pop("label", None)
         if label is not None and not isinstance(label, str):
-            raise ConfigError(f"{src}: points[{i}].label = {_show(label)} must be a string.")
+            raise ConfigError(f"{src}: points[{i}].label = {show_value(label)} must be a string.")
         out.append((label, flatten(point), f"the sweep's point {label or i}"))
     if not out:
         out.append((None, {}, "the base config"))
@@ -203,10 +204,7 @@ def declared_axes(spec: SweepSpec, variants: list[tuple[str | None, dict, str]])
 def _isolation_covers(axes: list[str]) -> list[str]:
     """Keys a declared axis may change besides itself."""
     covered = list(axes)
-    if "algo.preset" in axes:
-        for values in (presets() or {}).values():
-            covered += [k if k.startswith("algo.") else f"algo.{k}" for k in values]
-    if "env.name" in axes:
+    if "env.name" in axes:  # another environment has other options (filled with its defaults)
         covered.append("env.options")
     return covered
 
@@ -239,7 +237,7 @@ def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], 
             if ref.get(key) != flat.get(key) and not any(covers(a, key) for a in covered):
                 raise ConfigError(
                     f"{src}: point {slug!r} differs from the baseline {baseline!r} in {key} "
-                    f"({_show(flat.get(key))} vs {_show(ref.get(key))}), which is not a declared axis "
+                    f"({show_value(flat.get(key))} vs {show_value(ref.get(key))}), which is not a declared axis "
                     f"(axis isolation). Declare it in the point's overrides or the grid: "
                     f"{', '.join(a for a in covered if a != SEED_KEY)}.")
 

@@ -1,0 +1,229 @@
+"""The `harness` command: sweep, run, axes, envs, config-docs.
+
+Bad input (a config or sweep file, an axis value, an option) is one paragraph on stderr and
+exit status 2, never a traceback; a missing component is one line and status 1.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from harness import __version__
+from harness.errors import ConfigError, UnavailableError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Ablation harness for multi-turn agentic RL of language models.\n\n"
+         "Declare a base config and the axes to vary in a sweep file, run it, resume it, "
+         "and trace every number back to its config, code version and packages.",
+)
+err = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int) -> typing.NoReturn:
+    err.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"harness {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Ablation harness for multi-turn agentic RL of language models."""
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# ----------------------------------------------------------------------------- sweep / run
+def _print_points(sweep: Any, results: Path) -> None:
+    from harness.runner import point_dir, read_status
+
+    print(f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
+          f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}")
+    if sweep.description:
+        print("  " + " ".join(sweep.description.split()))
+    for p in sweep.points:
+        status = read_status(point_dir(results, sweep.name, p)) or "new"
+        mark = "*" if p.is_baseline else " "
+        overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in p.overrides.items()) or "(base config)"
+        print(f"{mark} {p.id}  [{status}]  {overrides}")
+    print("(* = baseline)")
+
+
+def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool) -> None:
+    from harness.progress import SweepProgress
+    from harness.runner import RunOptions, run_sweep
+    from harness.tracking import default_tracking_uri
+
+    opts = RunOptions(results=results, mlflow_uri=None if no_mlflow else default_tracking_uri(results),
+                      retry_failed=retry_failed, workers=workers)
+    _sigterm_as_interrupt()
+    result = run_sweep(sweep, opts, SweepProgress())
+    c = result.counts
+    print(f"sweep {sweep.name}: {c['done']} done, {c['diverged']} diverged, {c['failed']} failed, "
+          f"{c['skipped']} skipped (finished before){', ' + str(c['busy']) + ' busy' if c['busy'] else ''}; "
+          f"results in {results / sweep.name}")
+    for pid, error in result.errors.items():
+        print(f"  {pid}: {error.splitlines()[0] if error else ''}  (see {results / sweep.name / pid})")
+    if result.interrupted:
+        print("interrupted: run the same command again to resume")
+        raise typer.Exit(130)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def sweep(
+    file: Path = typer.Argument(..., help="Sweep YAML file (see sweeps/)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the points (id, overrides, status) and exit."),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Points run in parallel, each in its own process."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed points again (default: skip them)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow (metrics.jsonl is always written)."),
+    results: Path = typer.Option(Path("results"), "--results", help="Results root: points go to RESULTS/<sweep>/<point>/."),
+    backend: str = typer.Option("local", "--backend", help="local (process pool) or ray (not implemented yet)."),
+) -> None:
+    """Run (or resume) every point of a sweep file.
+
+    Finished points are skipped, interrupted ones resume from their checkpoint, failed ones are
+    retried only with --retry-failed. MLflow logs to sqlite:///RESULTS/mlflow.db unless
+    MLFLOW_TRACKING_URI is set.
+    """
+    from harness.sweep import load_sweep
+
+    if backend not in ("local", "ray"):
+        _fail(f"--backend {backend!r} is not a backend; choose one of: local, ray", 2)
+    swp = load_sweep(file)
+    if dry_run:
+        _print_points(swp, results)
+        return
+    if backend == "ray":
+        _fail("--backend ray is not implemented yet (a separate issue covers it); use --backend local "
+              "with --workers N", 2)
+    _run(swp, results, workers, retry_failed, no_mlflow)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Run config YAML file (see configs/)."),
+    override: list[str] = typer.Option([], "--override", "-o", metavar="KEY=VALUE",
+                                       help="Set a dotted config key, e.g. -o algo.clip.level=sequence (repeatable)."),
+    out: Path = typer.Option(Path("results"), "--out", help="Results root: the run goes to OUT/<name>/<point id>/."),
+    name: Optional[str] = typer.Option(None, "--name", help="Results folder and MLflow experiment (default: config file name)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and exit."),
+) -> None:
+    """Run one config (with overrides) as a one-point sweep; resumes it if interrupted.
+
+    Every key and its default: `harness config-docs`.
+    """
+    from harness.loading import dump_config
+    from harness.sweep import single_point
+
+    swp = single_point(config, list(override), name)
+    if dry_run:
+        print(f"# point {swp.points[0].id}")
+        print(dump_config(swp.points[0].config), end="")
+        return
+    _run(swp, out, 1, True, no_mlflow)
+
+
+# ----------------------------------------------------------------------------- documentation
+def _first_line(text: str) -> str:
+    return " ".join((text or "").split())
+
+
+@app.command()
+def axes() -> None:
+    """Every ablation axis: its values with one-line docs and sources (from the registries), then
+    the choice-valued settings of the config schema."""
+    from harness.loading import axis_registries, iter_config_fields, literal_choices
+
+    registries = axis_registries()
+    if not registries:
+        _fail("algorithms.AXES is not available yet (the algorithms package defines it)", 1)
+    for key, registry in registries.items():
+        print(f"{key}  ({_first_line(registry.doc)})")
+        width = max((len(e.name) for e in registry), default=0)
+        for entry in registry:
+            source = f"  [{_first_line(entry.source)}]" if entry.source else ""
+            print(f"  {entry.name:<{width}}  {_first_line(entry.doc)}{source}")
+        print()
+    print("Config choices (set in YAML; from the schema):")
+    for key, info in iter_config_fields():
+        choices = literal_choices(info.annotation)
+        if choices and key not in registries:
+            print(f"  {key}: {' | '.join(map(str, choices))}  (default {info.default})  "
+                  f"{_first_line(info.description or '')}")
+
+
+@app.command()
+def envs() -> None:
+    """The reference environments: name, doc, source and options."""
+    try:
+        from envs import describe
+    except ImportError as e:
+        _fail(f"the environment registry is not available yet ({e})", 1)
+    rows = describe()
+    if not rows:
+        _fail("no environment is registered yet", 1)
+    for row in rows:
+        print(f"{row.get('name')}  {_first_line(str(row.get('doc', '')))}")
+        if row.get("source"):
+            print(f"  source: {_first_line(str(row['source']))}")
+        for opt in row.get("options") or []:
+            if isinstance(opt, dict):
+                print(f"  options.{opt.get('name')}: {opt.get('type', '')} = {opt.get('default')!r}  "
+                      f"{_first_line(str(opt.get('description', '')))}")
+        for key, value in row.items():
+            if key not in ("name", "doc", "source", "options") and value not in (None, "", [], {}):
+                print(f"  {key}: {value}")
+        print()
+
+
+@app.command("config-docs")
+def config_docs() -> None:
+    """Every config key with its type, default and documentation."""
+    from harness.loading import iter_config_fields
+
+    section = None
+    for key, info in iter_config_fields():
+        top = key.split(".")[0]
+        if top != section:
+            section = top
+            print(f"\n[{section}]")
+        ann = info.annotation
+        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+        default = info.get_default(call_default_factory=True)
+        print(f"  {key}: {type_name} = {json.dumps(default, default=str)}")
+        if info.description:
+            print(f"      {_first_line(info.description)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: known errors become messages and exit codes."""
+    try:
+        app(args=argv, prog_name="harness")
+    except ConfigError as e:
+        err.print(f"error: {e}", markup=False, soft_wrap=True)
+        sys.exit(2)
+    except UnavailableError as e:
+        err.print(f"error: {e}", markup=False, soft_wrap=True)
+        sys.exit(1)

@@ -1,0 +1,152 @@
+"""Progress of a sweep: points done / total, each running point's update k / n, recent success
+rate and time left. A rich live display on a terminal, plain throttled lines otherwise (logs, CI).
+
+The runner calls begin / point_start / point_update / point_end / end from the main process;
+`point_update` receives the dict the trainer passes to its `progress` callback
+(`{"update": k, "updates": n, "success": ...}`; extra keys are ignored).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "--:--"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+@dataclass
+class _Running:
+    updates: int
+    update: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last_tick: float = field(default_factory=time.monotonic)
+    success: deque = field(default_factory=lambda: deque(maxlen=5))
+    last_print: float = 0.0
+
+    @property
+    def recent_success(self) -> float | None:
+        return sum(self.success) / len(self.success) if self.success else None
+
+
+class SweepProgress:
+    """Book-keeping shared by both displays; `render` / `_line` differ."""
+
+    def __init__(self, console: Console | None = None, plain_every_s: float = 30.0):
+        self.console = console or Console()
+        self.plain_every_s = plain_every_s
+        self.name, self.total, self.done, self.failed, self.diverged, self.workers = "", 0, 0, 0, 0, 1
+        self.pending_updates = 0          # updates of points not started yet
+        self.sec_per_update: float | None = None
+        self.running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self.plain = not self.console.is_terminal
+
+    # --------------------------------------------------------------------- events
+    def begin(self, name: str, total: int, finished: int, to_run_updates: list[int], workers: int = 1) -> None:
+        self.name, self.total, self.done, self.workers = name, total, finished, max(1, workers)
+        self.pending_updates = sum(to_run_updates)
+        if self.plain:
+            self.console.print(f"sweep {name}: {total} points, {finished} already finished, "
+                               f"{len(to_run_updates)} to run (workers={self.workers})", highlight=False)
+        else:
+            self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4,
+                              transient=False)
+            self._live.start()
+
+    def point_start(self, point_id: str, updates: int) -> None:
+        with self._lock:
+            self.running[point_id] = _Running(updates)
+            self.pending_updates = max(0, self.pending_updates - updates)
+        if self.plain:
+            self._say(f"[{self._finished + 1}/{self.total}] start {point_id}")
+
+    def point_update(self, point_id: str, info: dict[str, Any]) -> None:
+        with self._lock:
+            run = self.running.get(point_id)
+            if run is None:
+                return
+            now = time.monotonic()
+            update = int(info.get("update", run.update + 1))
+            run.updates = int(info.get("updates", run.updates))
+            steps = update - run.update
+            if steps > 0:
+                per = (now - run.last_tick) / steps
+                self.sec_per_update = per if self.sec_per_update is None else 0.8 * self.sec_per_update + 0.2 * per
+            run.update, run.last_tick = update, now
+            if isinstance(info.get("success"), (int, float)):
+                run.success.append(float(info["success"]))
+        if self.plain and (now - run.last_print >= self.plain_every_s or update >= run.updates):
+            run.last_print = now
+            self._say(f"    {point_id}: {self._point_text(run)}  eta {format_seconds(self.eta())}")
+
+    def point_end(self, point_id: str, status: str, wall_s: float | None = None) -> None:
+        with self._lock:
+            self.running.pop(point_id, None)
+            self.done += status in ("done", "skipped")
+            self.failed += status == "failed"
+            self.diverged += status == "diverged"
+        took = f" ({format_seconds(wall_s)})" if wall_s is not None else ""
+        if self.plain or status in ("failed", "diverged"):
+            self._say(f"[{self._finished}/{self.total}] {status} {point_id}{took}")
+
+    def end(self) -> None:
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    # --------------------------------------------------------------------- rendering
+    @property
+    def _finished(self) -> int:
+        return self.done + self.failed + self.diverged
+
+    def eta(self) -> float | None:
+        if self.sec_per_update is None:
+            return None
+        left = self.pending_updates + sum(max(0, r.updates - r.update) for r in self.running.values())
+        return left * self.sec_per_update / min(self.workers, max(1, len(self.running) or 1))
+
+    @staticmethod
+    def _point_text(run: _Running) -> str:
+        success = run.recent_success
+        text = f"update {run.update}/{run.updates}"
+        if success is not None:
+            text += f"  success {success:.2f}"
+        return text
+
+    def _say(self, text: str) -> None:
+        if self._live is not None:
+            self._live.console.print(text, highlight=False)
+        else:
+            self.console.print(text, highlight=False)
+
+    def render(self) -> Group:
+        with self._lock:
+            head = Table.grid(padding=(0, 1))
+            head.add_row(Text(self.name, style="bold"),
+                         ProgressBar(total=max(1, self.total), completed=self._finished, width=30),
+                         Text(f"{self._finished}/{self.total} points"),
+                         Text(f"failed {self.failed}  diverged {self.diverged}" if self.failed or self.diverged else ""),
+                         Text(f"eta {format_seconds(self.eta())}"))
+            rows = Table.grid(padding=(0, 2))
+            for pid, run in self.running.items():
+                rows.add_row(Text(f"  {pid}", style="cyan"),
+                             ProgressBar(total=max(1, run.updates), completed=run.update, width=20),
+                             Text(self._point_text(run)))
+        return Group(head, rows)

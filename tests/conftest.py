@@ -1,0 +1,44 @@
+"""Test-suite set-up shared by every package's tests.
+
+Everything a test writes goes to a temporary folder: MLflow (sqlite store), the trainer's
+content-hashed caches, and HOME (TextWorld and other libraries write under it). The model hub
+is never contacted (HF_HUB_OFFLINE=1).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_TMP = Path(tempfile.mkdtemp(prefix="harness-tests-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+
+_home = Path.home()
+os.environ.setdefault("HF_HOME", str(_home / ".cache" / "huggingface"))  # keep cached tokenizers visible
+os.environ.setdefault("ALFWORLD_DATA", str(_home / ".cache" / "alfworld"))
+os.environ["HOME"] = str(_TMP / "home")
+(_TMP / "home").mkdir()
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
+os.environ.setdefault("HARNESS_CACHE", str(_TMP / "cache"))
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.pop("HARNESS_TRAIN_FN", None)
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: long-running tests (deselected by `make test`)")
+    config.addinivalue_line("markers", "gpu: tests that need a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT

@@ -1,0 +1,134 @@
+"""Strict config loading: every shipped config loads; every malformed file gets a clear message."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.config import RunConfig
+from harness.errors import ConfigError
+from harness.loading import (flatten, iter_config_fields, load_run_config, parse_override,
+                             validate_run_config)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path, overrides: list[str] = ()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path, list(overrides))
+    return str(info.value)
+
+
+def test_empty_file_gives_the_schema_defaults(tmp_path):
+    cfg = load_run_config(write(tmp_path, ""))
+    assert cfg.algo.clip.level == RunConfig().algo.clip.level
+    assert cfg.env.name == "frozenlake"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_run_config(path)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_overrides_are_typed_and_win(tmp_path):
+    path = write(tmp_path, "algo:\n  lr: 0.5\n")
+    cfg = load_run_config(path, ["algo.lr=1e-3", "turns.max=5", "context.mask_observations=false",
+                                 "turns.curriculum=[2, 4]", "algo.clip.level=sequence"])
+    assert cfg.algo.lr == pytest.approx(1e-3)
+    assert cfg.turns.max == 5 and cfg.turns.curriculum == [2, 4]
+    assert cfg.context.mask_observations is False
+    assert cfg.algo.clip.level == "sequence"
+
+
+def test_parse_override():
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a.b=x=y") == ("a.b", "x=y")
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        parse_override("no-equals-sign")
+
+
+def test_env_options_are_completed_with_the_env_defaults(tmp_path):
+    import envs
+
+    cfg = load_run_config(write(tmp_path, "env: {name: frozenlake}\n"))
+    expected = envs.ENVS.get("frozenlake").Options().model_dump(mode="json")
+    assert cfg.env.options == expected
+
+
+def test_preset_fills_only_the_keys_the_user_did_not_set(tmp_path):
+    from algorithms.presets import PRESETS
+
+    path = write(tmp_path, "algo:\n  preset: ppo\n  kl: {where: loss}\n")
+    cfg = load_run_config(path)
+    flat = flatten(cfg.model_dump(mode="json"))
+    for key, value in PRESETS["ppo"].items():
+        if key != "kl.where":
+            assert flat[f"algo.{key}"] == value, key
+    assert cfg.algo.kl.where == "loss"  # the user wins
+
+
+# A dozen malformed files: (YAML, overrides, substrings the message must contain).
+MALFORMED = {
+    "unknown-top-level-key": ("algorithm:\n  agg: token-mean\n", [],
+                              ["unknown key 'algorithm'", "Did you mean 'algo'", "model, env, turns"]),
+    "unknown-nested-key": ("algo:\n  clip:\n    levle: token\n", [],
+                           ["'algo.clip.levle'", "Did you mean 'algo.clip.level'", "eps_low"]),
+    "bad-axis-value": ("algo:\n  clip:\n    level: tokn\n", [],
+                       ["algo.clip.level = 'tokn'", "token", "sequence", "none", "Did you mean 'token'"]),
+    "bad-aggregation": ("algo:\n  agg: token_mean\n", [],
+                        ["algo.agg = 'token_mean'", "seq-mean-token-mean", "Did you mean 'token-mean'"]),
+    "bad-literal": ("context:\n  policy: windowed\n", [],
+                    ["context.policy = 'windowed'", "full", "window", "obs_truncate", "single"]),
+    "bad-type": ("turns:\n  max: many\n", [], ["turns.max = 'many'", "integer"]),
+    "out-of-range": ("rollout:\n  temperature: 0\n", [], ["rollout.temperature = 0", "greater than 0"]),
+    "yaml-syntax": ("algo:\n  clip: {level: token\nturns: 3\n", [], ["cfg.yaml:", "invalid YAML"]),
+    "duplicate-key": ("algo:\n  agg: token-mean\n  agg: seq-mean-token-sum\n", [],
+                      ["cfg.yaml:3", "'agg' appears twice"]),
+    "top-level-list": ("- algo\n- env\n", [], ["expected a mapping", "algo"]),
+    "section-not-mapping": ("algo: grpo\n", [], ["algo = 'grpo'", "a mapping with keys", "clip"]),
+    "unknown-env": ("env:\n  name: frozen_lake\n", [], ["env.name = 'frozen_lake'", "frozenlake", "sokoban"]),
+    "unknown-env-option": ("env:\n  name: frozenlake\n  options: {sizee: 4}\n", [],
+                           ["env.options.sizee", "Valid keys under env.options"]),
+    "conflict-gae-needs-critic": ("algo:\n  adv: {estimator: gae}\n", [], ["gae", "critic", "algo.critic.enabled"]),
+    "bad-override-value": ("", ["algo.adv.estimator=grpoo"],
+                           ["algo.adv.estimator = 'grpoo'", "rloo", "set by -o algo.adv.estimator"]),
+    "unknown-override-key": ("", ["algo.clip.epslow=0.1"], ["'algo.clip.epslow'", "eps_low", "set by -o"]),
+    "bad-preset": ("algo:\n  preset: dapo\n", [], ["algo.preset = 'dapo'", "ppo", "grpo"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_file_gives_a_clear_message(tmp_path, name):
+    text, overrides, expected = MALFORMED[name]
+    message = error_of(write(tmp_path, text), overrides)
+    assert str(tmp_path / "cfg.yaml") in message
+    for piece in expected:
+        assert piece in message, f"{piece!r} missing from:\n{message}"
+    assert "Traceback" not in message and "\n\n" not in message  # one paragraph
+
+
+def test_missing_file(tmp_path):
+    message = error_of(tmp_path / "nope.yaml")
+    assert "not found" in message and "nope.yaml" in message
+
+
+def test_several_problems_are_reported_together(tmp_path):
+    message = error_of(write(tmp_path, "turns: {max: 0}\nalgo: {kl: {where: lose}}\n"))
+    assert "2 problems" in message and "turns.max" in message and "algo.kl.where" in message
+
+
+def test_validate_run_config_accepts_a_mapping():
+    cfg = validate_run_config({"algo": {"agg": "seq-mean-token-sum"}}, "inline")
+    assert cfg.algo.agg == "seq-mean-token-sum"
+
+
+def test_every_config_field_is_documented():
+    undocumented = [key for key, info in iter_config_fields() if not (info.description or "").strip()]
+    assert not undocumented
