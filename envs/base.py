@@ -95,6 +95,9 @@ class Env(ABC):
     def expert_action(self) -> str:
         """The expert's action text for the current state (as the model should write it)."""
 
+    def close(self) -> None:
+        """Release external resources (an interpreter process, files); the default has none."""
+
     @classmethod
     def task_seeds(cls, split: str, n: int, options: EnvOptions | dict | None = None) -> list[int]:
         """`n` task seeds of `split`; the train and heldout sets never intersect.

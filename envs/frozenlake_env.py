@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 from functools import lru_cache
-from typing import Literal
+from types import MappingProxyType
+from typing import Literal, Mapping
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -41,7 +42,7 @@ def _task_map(seed: int, size: int, p_frozen: float) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _distances(desc: tuple[str, ...]) -> dict[tuple[int, int], int]:
+def _distances(desc: tuple[str, ...]) -> Mapping[tuple[int, int], int]:
     """Shortest-path length to the goal from every cell that reaches it without holes."""
     n = len(desc)
     goal = (n - 1, n - 1)
@@ -54,7 +55,7 @@ def _distances(desc: tuple[str, ...]) -> dict[tuple[int, int], int]:
                     and desc[cell[0]][cell[1]] != "H":
                 dist[cell] = dist[(r, c)] + 1
                 queue.append(cell)
-    return dist
+    return MappingProxyType(dist)  # cached, so shared between instances: read-only
 
 
 @ENVS.register("frozenlake", doc="FrozenLake grid as text: reach G, avoid holes; "

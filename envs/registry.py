@@ -71,7 +71,8 @@ def describe() -> list[dict]:
     rows = []
     for entry in ENVS:
         cls = entry.fn
-        options = [{"name": fname, "type": _type_name(f.annotation), "default": f.default,
+        options = [{"name": fname, "type": _type_name(f.annotation),
+                    "default": f.get_default(call_default_factory=True),
                     "description": f.description or ""}
                    for fname, f in cls.Options.model_fields.items()]
         rows.append({"name": entry.name, "doc": entry.doc, "source": entry.source,

@@ -169,6 +169,8 @@ def call_text(name: str, args: tuple, action_format: str) -> str:
 
 def parse_call(text: str) -> tuple[str, tuple]:
     """(tool, argument values) from either call syntax; ValueError says what is wrong."""
+    if text.strip() == "finish":
+        return "finish", ()
     m = _CALL.fullmatch(text)
     if m:
         try:

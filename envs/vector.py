@@ -21,7 +21,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from envs.base import StepResult
+from envs.base import REWARD_DENSITIES, StepResult
 from envs.registry import env_class, make_env, validate_options
 
 
@@ -55,10 +55,11 @@ class _Pool:
         out = []
         for i, seed in items:
             try:
-                self.envs[i] = self.envs[i] or self.build()
+                if self.envs[i] is None:
+                    self.envs[i] = self.build()
                 out.append(self.envs[i].reset(seed))
             except Exception as e:  # noqa: BLE001 - contained, reported as env_error
-                self.envs[i] = None  # rebuilt on the next reset
+                self.discard(i)  # rebuilt on the next reset
                 out.append(("", error_info(_describe(e))))
         return out
 
@@ -70,7 +71,7 @@ class _Pool:
                     raise RuntimeError("no episode in progress (its worker was restarted?)")
                 out.append(self.envs[i].step(text))
             except Exception as e:  # noqa: BLE001
-                self.envs[i] = None
+                self.discard(i)
                 out.append(StepResult("", 0.0, True, error_info(_describe(e))))
         return out
 
@@ -86,6 +87,18 @@ class _Pool:
     def instructions(self, items: list[tuple[int, Any]]) -> list[str]:
         return [self.build().instructions for _ in items]
 
+    def discard(self, i: int) -> None:
+        env, self.envs[i] = self.envs[i], None
+        try:
+            if env is not None:
+                env.close()
+        except Exception:  # noqa: BLE001 - a broken env may fail to close too
+            pass
+
+    def close(self, _: Any = None) -> None:
+        for i in list(self.envs):
+            self.discard(i)
+
 
 def _worker_main(conn, env_module: str, pool_args: tuple) -> None:
     importlib.import_module("envs")
@@ -97,6 +110,7 @@ def _worker_main(conn, env_module: str, pool_args: tuple) -> None:
         except (EOFError, OSError):
             return
         if command == "close":
+            pool.close()
             return
         try:
             result = getattr(pool, command)(payload)
@@ -190,6 +204,9 @@ class VectorEnv:
                  start_method: str | None = None):
         cls = env_class(env_name)
         opts = validate_options(env_name, options).model_dump()
+        if reward_density not in REWARD_DENSITIES:
+            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, "
+                             f"got {reward_density!r}")
         if n < 1 or workers < 0:
             raise ValueError(f"VectorEnv needs n >= 1 and workers >= 0, got n={n}, "
                              f"workers={workers}")
@@ -258,10 +275,10 @@ class VectorEnv:
                 for r in (results.get(i) for i in range(self.n))]
 
     def close(self) -> None:
-        if self.workers:
-            for worker in self._pools:
-                worker.stop()
-            self._pools = []
+        """Close every instance and stop the workers; the VectorEnv is unusable after."""
+        for pool in self._pools:
+            pool.stop() if self.workers else pool.close()
+        self._pools = []
 
     def __enter__(self) -> VectorEnv:
         return self
@@ -284,6 +301,8 @@ class VectorEnv:
 
         Returns index -> result, or index -> _Failure for the items of a dead/hung worker
         (which is restarted)."""
+        if not self._pools:
+            raise RuntimeError(f"VectorEnv({self.env_name!r}) is closed")
         groups: dict[int, list[int]] = {}
         for i in items:
             groups.setdefault(0 if self.workers == 0 else i % self.workers, []).append(i)

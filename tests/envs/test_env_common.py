@@ -12,7 +12,7 @@ from envs.demos import expert_episodes, expert_solve_rate
 
 NAMES = ["frozenlake", "sokoban", "tooluse"]
 MALFORMED = ["", "   ", "jump", "up down", "<answer>fly</answer>", "<tool_call>{", "{}",
-             "finish", "get_city(", "<answer>up", "x" * 5000, "\x00\x01"]
+             "submit now", "get_city(", "<answer>up", "x" * 5000, "\x00\x01"]
 
 
 def random_actions(env, rng: random.Random, n: int) -> list[str]:
@@ -111,6 +111,8 @@ def test_instructions_and_observations_are_short(name):
     obs, _ = env.reset(0)
     assert len(env.instructions) < 600 and len(obs) < 200
     assert not any(m in env.expert_action() for m in env.observation_markers)
+    if name == "tooluse":
+        assert env.parse_action("finish") == env.parse_action("finish()")
 
 
 def test_parse_choice_accepts_bare_or_answer_wrapped_words():
@@ -145,3 +147,15 @@ def test_demos_record_what_the_agent_saw():
     assert obs == ep.final_observation and ep.total_reward == 1.0
     short = expert_episodes("sokoban", None, [8], max_turns=1, only_won=True)
     assert short == [] or len(short[0].turns) == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_instances_share_no_state(name):
+    """Two instances on the same task, stepped interleaved, match one played alone."""
+    plan = random_actions(envs.make_env(name), random.Random(1), 15)
+    alone = play(envs.make_env(name), 10, plan)
+    a, b = envs.make_env(name), envs.make_env(name)
+    a.reset(10), b.reset(10)
+    for text in plan[:3]:
+        a.step(text if text not in ("expert", "bad") else "bad")
+    assert play(b, 10, plan) == alone

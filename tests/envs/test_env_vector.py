@@ -40,8 +40,9 @@ def test_workers_give_the_same_results_as_in_process(name):
     seeds = list(range(0, 10, 2))
     with VectorEnv(name, None, "dense", 0.1, n=5, workers=0, max_turns=12) as local:
         expected = rollout(local, name, seeds, 15)
+        instructions = local.instructions
     with VectorEnv(name, None, "dense", 0.1, n=5, workers=2, max_turns=12) as remote:
-        assert remote.instructions == local.instructions
+        assert remote.instructions == instructions
         assert rollout(remote, name, seeds, 15) == expected
         assert remote.stats["env_errors"] == 0
 
