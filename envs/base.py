@@ -24,6 +24,9 @@ INFO_KEYS = ("won", "score", "admissible", "state_key", "format_error")
 INVALID_PREFIX = "Invalid action"  # starts every format-error observation
 
 
+_HELDOUT_FLAGS: dict[tuple, bytearray] = {}  # (Env class, options json) -> flag per seed
+
+
 class EnvOptions(BaseModel):
     """Base class of every environment's options; unknown keys are errors."""
 
@@ -112,11 +115,14 @@ class Env(ABC):
         if cls.task_fingerprint(0, options) is None:
             offset = 0 if split == "train" else 1
             return [2 * k + offset for k in range(n)]
-        seeds, seed = [], 0
+        # split flags of seeds 0, 1, ... computed once per (env, options), then extended
+        flags = _HELDOUT_FLAGS.setdefault((cls, options.model_dump_json()), bytearray())
+        held = split == "heldout"
+        seeds = [s for s, flag in enumerate(flags) if flag == held][:n]
         while len(seeds) < n:
-            if cls.split_of(seed, options) == split:
-                seeds.append(seed)
-            seed += 1
+            flags.append(cls.split_of(len(flags), options) == "heldout")
+            if flags[-1] == held:
+                seeds.append(len(flags) - 1)
         return seeds
 
     @classmethod

@@ -57,6 +57,8 @@ def test_train_and_heldout_are_disjoint(name):
     train, held = cls.task_seeds("train", 300), cls.task_seeds("heldout", 100)
     assert len(set(train)) == 300 and len(set(held)) == 100 and not set(train) & set(held)
     assert cls.task_seeds("train", 300) == train  # stable
+    assert cls.task_seeds("train", 10) == train[:10]  # a prefix: growing n keeps old seeds
+    assert all(cls.split_of(s) == "heldout" for s in held)
     opts = cls.Options()
     if cls.task_fingerprint(0, opts) is not None:  # small maps: disjoint by content too
         train_tasks = {cls.task_fingerprint(s, opts) for s in train}
