@@ -78,7 +78,7 @@ def _read_json(p: Path, problems: list[str]) -> Any:
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         problems.append(f"{p.name} unreadable ({type(e).__name__})")
         return None
@@ -88,7 +88,7 @@ def _read_yaml(p: Path, problems: list[str]) -> Any:
     if not p.is_file():
         return None
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         problems.append(f"{p.name} unreadable ({type(e).__name__})")
         return None
@@ -98,7 +98,7 @@ def read_metrics_rows(p: Path) -> list[dict[str, Any]]:
     """Rows of metrics.jsonl; a torn last line (run still writing) or a bad line is skipped."""
     rows = []
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError:
         return rows
     for line in text.splitlines():
@@ -173,7 +173,7 @@ def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta
 # ----------------------------------------------------------------------------- one point
 def _status(pdir: Path, summary: dict | None, has_metrics: bool) -> str:
     try:
-        word = (pdir / "status").read_text().strip().split()
+        word = (pdir / "status").read_text(encoding="utf-8").strip().split()
     except OSError:
         word = []
     if word:
@@ -254,8 +254,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
             row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
         row["_sweep_label"] = p.get("label")
         rows.append(row)
-    df = pd.DataFrame(rows)
-    _add_cells(df, meta)
+    df = _add_cells(pd.DataFrame(rows), meta)
     df.attrs["sweep"] = meta
     return df
 
@@ -264,7 +263,7 @@ def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
     return " | ".join(format_value(row.get(a)) for a in axes) if axes else "all"
 
 
-def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> None:
+def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> pd.DataFrame:
     """`label` names the cell (all seeds of one axis combination); baseline cell first."""
     axes = meta.axes
     keys = [cell_key(r, axes) for _, r in df.iterrows()]
@@ -286,9 +285,8 @@ def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> None:
     df["label"] = [labels[k] for k in keys]
     df["is_baseline"] = [k == base_key for k in keys]
     df["_order"] = [order.index(k) for k in keys]
-    df.sort_values(["_order", "seed"], kind="stable", inplace=True, na_position="last")
-    df.drop(columns=["_order", "_sweep_label"], inplace=True)
-    df.reset_index(drop=True, inplace=True)
+    df = df.sort_values(["_order", "seed"], kind="stable", na_position="last")
+    return df.drop(columns=["_order", "_sweep_label"]).reset_index(drop=True)
 
 
 def short_axis_names(axes: list[str]) -> dict[str, str]:

@@ -2,8 +2,9 @@
 diagnostics panel (KL, entropy, MI estimate, in-group reward std) with collapse markers.
 
 Figures are built on `matplotlib.figure.Figure` objects (no pyplot, no display, no global
-backend switch) and saved as PNG and SVG. Bands are seaborn's bootstrap CI over the seeds
-logged at each update (`seed=0`, so the figure is reproducible).
+backend switch) and saved as PNG and SVG. Bands are the 95% percentile-bootstrap CI over the
+seeds logged at each update (analysis.stats, fixed seed: the figure is reproducible); an update
+logged by one seed only has no band.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis.load import AnalysisError, load_curves, load_results
+from analysis.stats import bootstrap_ci
 
 # Panel title -> candidate metric names, first present wins.
 DIAGNOSTICS = {
@@ -44,15 +46,28 @@ def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     with matplotlib.rc_context({"svg.hashsalt": "harness", "svg.fonttype": "none"}):
         for fmt in FORMATS:
             p = out_dir / f"{stem}.{fmt}"
-            fig.savefig(p, format=fmt, dpi=150, bbox_inches="tight",
+            fig.savefig(p, format=fmt, dpi=150,
                         metadata={"Date": None} if fmt == "svg" else {"Software": None})
             paths.append(p)
     return paths
 
 
+def bands(data: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
+    """Mean and 95% percentile-bootstrap CI over seeds per (label, update): the table's definition
+    (analysis.stats), vectorized per point, unlike seaborn's per-resample Python loop."""
+    rows = []
+    for (label, update), g in data.groupby(["label", "update"], sort=False):
+        e = bootstrap_ci(g["value"].to_numpy(), n_boot=n_boot)
+        rows.append((label, update, e.value, e.lo, e.hi))
+    return pd.DataFrame(rows, columns=["label", "update", "mean", "lo", "hi"])
+
+
 def _lines(ax, data: pd.DataFrame, palette: dict, legend: bool) -> None:
-    sns.lineplot(data=data, x="update", y="value", hue="label", hue_order=list(palette), palette=palette,
-                 errorbar=("ci", 95), n_boot=N_BOOT, seed=0, estimator="mean", ax=ax, legend=legend)
+    b = bands(data)
+    sns.lineplot(data=b, x="update", y="mean", hue="label", hue_order=list(palette), palette=palette,
+                 errorbar=None, ax=ax, legend=legend)
+    for label, g in b.groupby("label", sort=False):
+        ax.fill_between(g["update"], g["lo"], g["hi"], color=palette[label], alpha=0.2, linewidth=0)
 
 
 def curve_metric(curves: pd.DataFrame, metric: str | None) -> str:
@@ -76,7 +91,7 @@ def plot_learning_curves(curves: pd.DataFrame, results: pd.DataFrame, metric: st
     """Mean `metric` vs update per axis value with a 95% CI band over seeds."""
     labels = list(dict.fromkeys(results["label"]))
     data = curves[curves["metric"] == metric]
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     _lines(ax, data, _palette(labels), legend=True)
     meta = results.attrs["sweep"]
@@ -95,7 +110,7 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
         return []
     labels = list(dict.fromkeys(results["label"]))
     palette = _palette(labels)
-    fig = Figure(figsize=(5 * min(len(panels), 2), 3.5 * ((len(panels) + 1) // 2)))
+    fig = Figure(figsize=(5 * min(len(panels), 2), 3.5 * ((len(panels) + 1) // 2)), layout="constrained")
     axes = fig.subplots((len(panels) + 1) // 2, min(len(panels), 2), squeeze=False).ravel()
     collapses = results.dropna(subset=["collapsed_at"])
     for i, (ax, (title, metric)) in enumerate(zip(axes, panels.items())):
@@ -110,7 +125,6 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
     meta = results.attrs["sweep"]
     note = f"; dotted lines: collapse detected ({len(collapses)} runs)" if len(collapses) else ""
     fig.suptitle(f"{meta.name}: diagnostics (mean, 95% CI over seeds{note})")
-    fig.tight_layout()
     return _save(fig, out_dir, "diagnostics")
 
 

@@ -20,7 +20,9 @@ REPORT_FORMATS = ("md", "html")
 def _status_line(results: pd.DataFrame) -> str:
     counts = results["status"].value_counts()
     done = int(counts[counts.index.isin(FINISHED)].sum())
-    parts = ", ".join(f"{n} {s}" for s, n in counts.items())
+    known = [*FINISHED, "running", "failed", "missing", "partial"]
+    order = sorted(counts.index, key=lambda s: (known.index(s) if s in known else len(known), s))
+    parts = ", ".join(f"{counts[s]} {s}" for s in order)
     return f"{done} of {len(results)} points finished ({parts})."
 
 
@@ -94,5 +96,5 @@ def write_report(path: str | Path, fmt: str = "md", out: str | Path | None = Non
     title = f"Sweep {results.attrs['sweep'].name}: report"
     sections = _sections(path, out, table, figures, results, fmt)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(_markdown(title, sections) if fmt == "md" else _html(title, sections))
+    out.write_text(_markdown(title, sections) if fmt == "md" else _html(title, sections), encoding="utf-8")
     return out

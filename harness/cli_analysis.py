@@ -74,7 +74,7 @@ def table(results: ResultsArg, metric: MetricOpt = None,
     text = render(t, format.value)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        out.write_text(text, encoding="utf-8")
         print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -1,0 +1,94 @@
+"""analysis.plot / analysis.report and the CLI commands: files written, non-empty, partial sweeps."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import typer
+from conftest import make_clip_sweep
+from typer.testing import CliRunner
+
+from analysis.load import AnalysisError
+from analysis.plot import bands, make_plots
+from analysis.report import write_report
+from harness.cli_analysis import register
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def cli():
+    app = typer.Typer()
+    register(app)
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_plot_command_writes_png_and_svg(cli, clip_sweep, tmp_path):
+    r = cli("plot", clip_sweep, "--out", tmp_path / "figs")
+    assert r.exit_code == 0, r.output
+    figs = {p.name for p in (tmp_path / "figs").iterdir()}
+    assert figs == {f"{stem}.{ext}" for stem in ("curves_eval_greedy_success", "diagnostics") for ext in ("png", "svg")}
+    for stem in ("curves_eval_greedy_success", "diagnostics"):
+        png, svg = tmp_path / "figs" / f"{stem}.png", tmp_path / "figs" / f"{stem}.svg"
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 1000
+        assert svg.stat().st_size > 1000 and b"<svg" in svg.read_bytes()[:1000]
+    # collapse markers: one dotted line per collapsed run (2) in each of the four diagnostic panels
+    assert (tmp_path / "figs" / "diagnostics.svg").read_text().count("stroke-dasharray") >= 2 * 4
+
+
+def test_bands_are_the_bootstrap_ci_over_seeds():
+    data = pd.DataFrame({"label": ["a"] * 4, "update": [0, 0, 1, 1], "value": [0.0, 1.0, 0.5, 0.5]})
+    b = bands(data).set_index("update")
+    assert (b.loc[0, "mean"], b.loc[0, "lo"], b.loc[0, "hi"]) == (0.5, 0.0, 1.0)
+    assert b.loc[1, "lo"] == b.loc[1, "hi"] == 0.5
+
+
+def test_plot_unknown_metric_names_the_logged_ones(clip_sweep):
+    with pytest.raises(AnalysisError, match="logged metrics: diag/kl_k3"):
+        make_plots(clip_sweep, ["nope"])
+
+
+def test_report_markdown_links_existing_figures(tmp_path):
+    root = make_clip_sweep(tmp_path / "clip", drop=("clip.level=dual__seed2",))
+    md = write_report(root)
+    text = md.read_text(encoding="utf-8")
+    assert md == root / "report.md"
+    assert "7 of 9 points finished (7 done, 1 failed, 1 missing)." in text
+    assert "| ppo | 3/3 |" in text and "![diagnostics](plots/diagnostics.png)" in text
+    assert "clip.level=dual__seed2]: missing" in text and "packages: " in text
+    assert (root / "plots" / "diagnostics.png").stat().st_size > 0
+
+
+def test_report_before_any_metrics_is_still_a_page(tmp_path):
+    root = make_clip_sweep(tmp_path / "clip")
+    for p in root.glob("*/metrics.jsonl"):
+        p.unlink()
+    text = write_report(root).read_text(encoding="utf-8")
+    assert "No figures:" in text and "## Missing or unfinished" in text
+
+
+def test_table_and_report_commands(cli, clip_sweep, tmp_path):
+    r = cli("table", clip_sweep, "--format", "latex", "--out", tmp_path / "t.tex")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "t.tex").read_text(encoding="utf-8").count(r"\toprule") == 1
+    r = cli("table", clip_sweep, "-m", "final/eval_greedy/success", "--iqm", "--min-seeds", "2")
+    assert r.exit_code == 0 and "IQM" in r.output and "| dual | 3/3 | 0.75" in r.output
+    r = cli("report", clip_sweep, "--format", "html", "--out", tmp_path / "site" / "index.html")
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "<table>" in html and "src='plots/curves_eval_greedy_success.png'" in html
+    assert (tmp_path / "site" / "plots" / "curves_eval_greedy_success.svg").exists()
+
+
+def test_cli_bad_input_is_one_paragraph_exit_2(cli, tmp_path):
+    r = cli("table", tmp_path / "nope")
+    assert r.exit_code == 2 and "not a results folder" in r.output and "Traceback" not in r.output
+    r = cli("table", tmp_path, "--format", "docx")
+    assert r.exit_code == 2
+
+
+def test_analysis_never_imports_torch_or_the_trainer():
+    code = ("import sys, analysis, analysis.table, analysis.plot, analysis.report, harness.cli_analysis; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.trainer'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

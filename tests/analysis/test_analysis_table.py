@@ -1,0 +1,94 @@
+"""analysis.table: golden Markdown / LaTeX tables, baseline differences, partial sweeps.
+
+Regenerate the golden files after an intended change with UPDATE_GOLDEN=1 and read the diff."""
+import io
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import make_clip_sweep
+
+from analysis.table import render, table_for
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs from the golden file (UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize("fmt,name", [("markdown", "clip_table.md"), ("latex", "clip_table.tex")])
+def test_golden_tables(clip_sweep, fmt, name):
+    check_golden(name, render(table_for(clip_sweep), fmt))
+
+
+def test_golden_iqm_brackets(clip_sweep):
+    t = table_for(clip_sweep, ["final/eval_greedy/success", "init/eval_greedy/success"], statistic="iqm",
+                  interval="bracket")
+    check_golden("clip_table_iqm.md", render(t, "markdown"))
+
+
+def test_delta_is_the_known_shift_and_pairing_is_reported(clip_sweep):
+    data = pd.read_csv(io.StringIO(render(table_for(clip_sweep), "csv"))).set_index("clip.level")
+    assert data.loc["dual", "delta"] == pytest.approx(0.25)  # dual = ppo + 0.25 on every seed
+    assert data.loc["dual", "delta:lo"] == pytest.approx(0.25) and data.loc["dual", "delta:hi"] == pytest.approx(0.25)
+    assert bool(data.loc["dual", "delta:paired"]) is True
+    assert bool(data.loc["none", "delta:paired"]) is False  # seed 2 failed: seeds differ from the baseline
+    assert data.loc["none", "delta"] == pytest.approx((0.125 + 0.25) / 2 - 0.5)
+    assert data.loc["ppo", "final/eval_greedy/success"] == pytest.approx(0.5)
+    assert data.loc["none", "seeds"] == 2 and data.loc["none", "requested"] == 3
+    assert data.loc["none", "collapsed_at"] == pytest.approx(7)
+
+
+def test_marks_footnotes_and_footer(clip_sweep):
+    text = render(table_for(clip_sweep), "markdown")
+    none_row = next(line for line in text.splitlines() if line.startswith("| none"))
+    assert "†" in none_row and "‡" in none_row and "(2/2)" in none_row
+    ppo_row = next(line for line in text.splitlines() if line.startswith("| ppo"))
+    assert "†" not in ppo_row and "baseline" in ppo_row and "never (0/3)" in ppo_row
+    assert "- none seed 2 [clip.level=none__seed2]: failed: CUDA out of memory" in text
+    assert "Seeds 0, 1, 2" in text and "Code 0123456" in text
+
+
+def test_min_seeds_hides_thin_cells(clip_sweep):
+    text = render(table_for(clip_sweep, min_seeds=3), "markdown")
+    none_row = next(line for line in text.splitlines() if line.startswith("| none"))
+    assert "— (n=2)" in none_row and "0.19" not in none_row
+    assert "fewer than 3 seeds (--min-seeds)" in text
+
+
+def test_partial_sweep_nothing_finished_in_a_cell(tmp_path):
+    drop = tuple(f"clip.level=dual__seed{s}" for s in range(3))
+    root = make_clip_sweep(tmp_path / "clip", drop=drop)
+    (root / "clip.level=ppo__seed0" / "status").write_text("running\n")
+    (root / "clip.level=ppo__seed0" / "summary.json").unlink()
+    t = table_for(root)
+    text = render(t, "markdown")
+    dual_row = next(line for line in text.splitlines() if line.startswith("| dual"))
+    assert dual_row.startswith("| dual | 0/3 | — | — |")
+    assert "clip.level=dual__seed0]: missing" in text and "clip.level=ppo__seed0]: running" in text
+    assert len(t.missing) == 5  # 3 missing, 1 running, 1 failed
+    for fmt in ("latex", "csv", "html"):
+        assert render(t, fmt)
+
+
+def test_explicit_unknown_metric_is_a_dash_column_with_a_note(clip_sweep):
+    text = render(table_for(clip_sweep, ["final/eval_greedy/success", "final/diag/nope"]), "markdown")
+    header, ppo_row = text.splitlines()[2], text.splitlines()[4]
+    assert header.endswith("| final/diag/nope | Δ final success |") and ppo_row.endswith("| — | baseline |")
+    assert "Not recorded by any finished point: final/diag/nope." in text
+
+
+def test_no_sweep_json_still_builds(tmp_path):
+    root = make_clip_sweep(tmp_path / "old", with_sweep_json=False)
+    text = render(table_for(root), "markdown")
+    assert "(inferred)" in text and "| dual | 3/3 |" in text
+
+
+def test_unknown_format_names_the_choices(clip_sweep):
+    with pytest.raises(ValueError, match="markdown, latex, csv, html"):
+        render(table_for(clip_sweep), "docx")
