@@ -1,0 +1,291 @@
+"""ALFWorld text games (Shridhar et al. 2021): household tasks in ALFRED's rooms, as text.
+
+Two sources of games (option `source`):
+* "official": ALFWorld's `game.tw-pddl` files under `data_dir` (default `$ALFWORLD_DATA`, as
+  written by `alfworld-download`): split folders `train`, `valid_seen`, `valid_unseen`
+  (directly or under `json_2.1.1/`); unsolvable, "movable" and "Sliced" games are skipped,
+  as ALFWorld's own loader does. Train tasks play `train`, held-out tasks `heldout_split`.
+* "generated": games written by `envs.alfworld_gen` from the ALFRED layouts and tables the
+  alfworld package ships (no download), cached under `cache_dir`, one per task seed.
+* "auto" (default): official when its `train` games are found, else generated. The choice is
+  in `env.source`; set it explicitly for results that must not depend on the machine.
+
+Both play through TextWorld's PDDL backend with alfworld's domain, grammar and entity naming.
+Task types cycle with the seed (seed 2k and 2k+1 play `task_types[k % len(task_types)]` when
+generated). Train tasks are the even seeds, held-out tasks the odd ones.
+Expert: fast-downward's plan from the current state (kept while followed, replanned after a
+detour). It knows where every object is, unlike an agent, so its demonstrations go straight
+to hidden objects. Reward: 1.0 on success (the game has no intermediate points).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from envs import alfworld_gen
+from envs.registry import ENVS
+from envs.text_game import (GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines,
+                            pick_file, state_digest)
+
+GEN_VERSION = 1          # bump when the generator changes what a seed produces
+GENERATION_ATTEMPTS = 10
+HIDDEN_COMMANDS = ("help",)  # its feedback is a long command reference
+_USER_DATA = os.environ.get("ALFWORLD_DATA")  # before `import alfworld` overwrites it
+DOWNLOAD_HELP = ("Get the official games with `alfworld-download` (pip package alfworld; writes "
+                 "to $ALFWORLD_DATA, default ~/.cache/alfworld) and point ALFWORLD_DATA or the env "
+                 "option data_dir at that folder, or use source: generated.")
+
+
+class AlfWorldOptions(TextGameOptions):
+    source: Literal["auto", "official", "generated"] = Field(
+        "auto", description="'official' ALFWorld games from data_dir, 'generated' games made "
+                            "here from the alfworld package (no download), or 'auto': official "
+                            "when found, else generated")
+    data_dir: str | None = Field(None, description="ALFWorld data folder (default: "
+                                                   "$ALFWORLD_DATA)")
+    heldout_split: Literal["valid_unseen", "valid_seen"] = Field(
+        "valid_unseen", description="official split played by held-out seeds")
+    task_types: list[str] = Field(list(alfworld_gen.TASK_TYPES),
+                                  description="ALFWorld task types to play")
+    cache_dir: str = Field("results/.cache/alfworld", description="where generated games are cached")
+    max_receptacles: int = Field(12, ge=4, le=60, description="receptacles per generated game "
+                                                              "(ALFRED scenes have 3-47)")
+    nb_distractors: int = Field(8, ge=0, le=60, description="objects per generated game besides "
+                                                            "the task's")
+
+    @field_validator("task_types")
+    @classmethod
+    def _known_types(cls, value: list[str]) -> list[str]:
+        unknown = [t for t in value if t not in alfworld_gen.TASK_TYPES]
+        if unknown or not value:
+            raise ValueError(f"unknown task types {unknown}; choose from "
+                             f"{', '.join(alfworld_gen.TASK_TYPES)}")
+        return value
+
+
+def data_root(options: AlfWorldOptions) -> Path | None:
+    root = options.data_dir or _USER_DATA or os.environ.get("ALFWORLD_DATA")
+    return Path(os.path.expandvars(os.path.expanduser(root))) if root else None
+
+
+def split_dir(root: Path, split: str) -> Path | None:
+    for folder in (root / "json_2.1.1" / split, root / split):
+        if folder.is_dir():
+            return folder
+    return None
+
+
+@lru_cache(maxsize=16)
+def official_games(folder: str, task_types: tuple[str, ...]) -> tuple[Path, ...]:
+    """Solvable games of one official split folder, sorted."""
+    games = []
+    for path in sorted(Path(folder).rglob("game.tw-pddl")):
+        name = str(path.relative_to(folder))
+        if "movable" in name or "Sliced" in name:
+            continue
+        if not any(part.startswith(t + "-") for part in path.parts for t in task_types):
+            continue
+        if '"solvable": true' in path.read_text():
+            games.append(path)
+    return tuple(games)
+
+
+def _memoized(parse, size: int = 8192):
+    """`parse` with its results cached by argument and handed out as deep copies."""
+    cache: dict = {}
+
+    def wrapper(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            if len(cache) >= size:
+                cache.clear()
+            cache[key] = parse(*args, **kwargs)
+        return copy.deepcopy(cache[key])
+
+    wrapper.memoized = True
+    return wrapper
+
+
+def _translation_cache(pddl2sas, size: int = 16):
+    """fast-downward's PDDL -> SAS translation (twice per game reset, ~0.3 s) cached per
+    problem; it also overwrites sys.argv, which is restored here."""
+    cache: dict = {}
+
+    def wrapper(domain, problem, verbose=False, optimize=False):
+        key = (domain, problem, bool(optimize))
+        if key not in cache:
+            if len(cache) >= size:
+                cache.pop(next(iter(cache)))
+            argv = sys.argv
+            try:
+                cache[key] = pddl2sas(domain, problem, verbose=verbose, optimize=optimize)
+            finally:
+                sys.argv = argv
+        return cache[key]
+
+    wrapper.memoized = True
+    return wrapper
+
+
+@lru_cache(maxsize=1)
+def _alfworld_wrappers():
+    """TextWorld's PDDL env and alfworld's name demangler, imported on first use.
+
+    TextWorld's PDDL text generator re-parses the same few grammar and logic snippets with
+    tatsu for every admissible command at every step (~75% of a step); their parses are
+    memoized here (results are deep-copied, so behaviour is unchanged): ~3x faster steps.
+    fast-downward's translation of a problem is cached too (resets of a game seen before)."""
+    try:
+        from textworld.envs.pddl.pddl import PddlEnv, fast_downward_missing
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(f"ALFWorld games need TextWorld's PDDL backend: {e}") from None
+    if fast_downward_missing:
+        raise ImportError("ALFWorld games need fast-downward: pip install 'textworld[pddl]'")
+    import fast_downward
+    import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as logic
+    for module in (textgen, logic):
+        if not getattr(module._parse_and_convert, "memoized", False):
+            module._parse_and_convert = _memoized(module._parse_and_convert)
+    if not getattr(fast_downward.pddl2sas, "memoized", False):
+        fast_downward.pddl2sas = _translation_cache(fast_downward.pddl2sas)
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+    return PddlEnv, AlfredDemangler
+
+
+@ENVS.register("alfworld", doc="ALFWorld household tasks as text (6 task types); official "
+                               "games or built-in generator; planner expert",
+               source="Shridhar et al. 2021 (ALFWorld); games via TextWorld's PDDL backend")
+class AlfWorld(TextGameEnv):
+    name = "alfworld"
+    Options = AlfWorldOptions
+    game_name = "a household task game"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._tw = None
+        self._path: Path | None = None
+        self._state = None
+        self._plan: list[str] = []
+        self._plan_key = ""
+        self.source, self._splits = self._resolve_source()
+
+    def _resolve_source(self):
+        o = self.options
+        root = data_root(o)
+        folders = {"train": split_dir(root, "train") if root else None,
+                   "heldout": split_dir(root, o.heldout_split) if root else None}
+        if o.source == "generated" or (o.source == "auto" and folders["train"] is None):
+            return "generated", None
+        missing = [s for s, f in folders.items() if f is None]
+        if missing:
+            raise ValueError(f"env option source={o.source!r}: ALFWorld split folders "
+                             f"{['train', o.heldout_split]} not found under data_dir="
+                             f"{str(root) if root else None!r}. {DOWNLOAD_HELP}")
+        splits = {s: list(official_games(str(f), tuple(o.task_types))) for s, f in folders.items()}
+        if not splits["train"]:
+            raise ValueError(f"no solvable ALFWorld games of types {o.task_types} under "
+                             f"{folders['train']}. {DOWNLOAD_HELP}")
+        return "official", splits
+
+    def close(self) -> None:
+        self._tw, self._path, self._state, self._plan = None, None, None, []
+
+    # -- games
+    def task_type(self, seed: int) -> str:
+        types = self.options.task_types
+        return types[(seed // 2) % len(types)]
+
+    def game_file(self, seed: int) -> Path:
+        if self._splits is not None:
+            return pick_file(self._splits, seed, f"ALFWorld data {data_root(self.options)}")
+        o = self.options
+        task_type = self.task_type(seed)
+        folder = Path(o.cache_dir) / f"gen{GEN_VERSION}-r{o.max_receptacles}-d{o.nb_distractors}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return cached_game(folder / f"seed{seed}-{task_type}.tw-pddl",
+                           lambda tmp: self._generate(seed, task_type, tmp))
+
+    def _generate(self, seed: int, task_type: str, tmp: Path) -> Path:
+        """Write one generated game, kept only if the planner's walkthrough wins it."""
+        o = self.options
+        for attempt in range(GENERATION_ATTEMPTS):
+            data = alfworld_gen.make_game_data(seed, task_type, o.max_receptacles,
+                                               o.nb_distractors, attempt)
+            env = self._interpreter()
+            env.load(data)
+            env.reset()
+            plan = env._pddl_state.replan(env._entity_infos)
+            state = None
+            for command in plan:
+                state, _, _ = env.step(command)
+            if plan and state is not None and state["won"]:
+                data.update(solvable=True, walkthrough=plan)
+                path = tmp / "game.tw-pddl"
+                path.write_text(json.dumps(data))
+                self._path = None  # the interpreter now holds this candidate, not a task
+                return path
+        raise RuntimeError(f"could not generate a solvable ALFWorld {task_type} game for seed "
+                           f"{seed} in {GENERATION_ATTEMPTS} attempts")
+
+    # -- interpreter
+    def _interpreter(self):
+        if self._tw is None:
+            if "ALFWORLD_DATA" not in os.environ:  # `import alfworld` creates this folder
+                os.environ["ALFWORLD_DATA"] = str(Path(self.options.cache_dir) / "alfworld_data")
+            PddlEnv, AlfredDemangler = _alfworld_wrappers()
+            import textworld
+            infos = textworld.EnvInfos(admissible_commands=True, won=True)
+            self._tw = AlfredDemangler(PddlEnv(infos), shuffle=False)
+        return self._tw
+
+    def _load(self, seed: int) -> tuple[str, GameView]:
+        path = self.game_file(seed)
+        env = self._interpreter()
+        if path != self._path:
+            env.load(str(path))
+            self._path = path
+            walkthrough = json.loads(path.read_text()).get("walkthrough") or []
+        else:
+            walkthrough = []
+        self._state = env.reset()
+        view = self._view(self._state["feedback"])
+        self._plan, self._plan_key = (list(walkthrough), view.state_key) if walkthrough else ([], "")
+        intro = compact_lines(self._state["feedback"].replace("-= Welcome to TextWorld, ALFRED! =-", ""))
+        room, _, goal = intro.partition("Your task is to:")
+        view.feedback = room.strip()
+        return goal.strip() or "(no task text)", view
+
+    def _send(self, command: str) -> GameView:
+        before = self.view.state_key
+        self._state, _, _ = self._tw.step(command)
+        view = self._view(self._state["feedback"])
+        if self._plan and self._plan_key == before and self._plan[0] == command:
+            self._plan, self._plan_key = self._plan[1:], view.state_key
+        return view
+
+    def _view(self, feedback: str) -> GameView:
+        s = self._state
+        commands = [c for c in s["admissible_commands"] if c not in HIDDEN_COMMANDS]
+        facts = sorted(map(str, s["_facts"]))
+        won = bool(s["won"])
+        return GameView(feedback=compact_lines(feedback), commands=commands,
+                        points=float(won), max_points=1.0, won=won, lost=False,
+                        state_key=state_digest("/".join(self._path.parts[-3:]), facts))
+
+    def _expert_command(self) -> str:
+        if not (self._plan and self._plan_key == self.view.state_key
+                and self._plan[0] in self.view.commands):
+            pddl = self._tw._pddl_state
+            self._plan = list(pddl.replan(self._tw._entity_infos))
+            self._plan_key = self.view.state_key
+        if self._plan and self._plan[0] in self.view.commands:
+            return self._plan[0]
+        return "look"

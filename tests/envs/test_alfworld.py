@@ -1,0 +1,168 @@
+"""ALFWorld env: built-in generator (six task types), official-data loading, expert, formats."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+
+pytest.importorskip("alfworld")
+pytest.importorskip("fast_downward")
+
+from envs import alfworld_gen  # noqa: E402
+from envs.alfworld_env import AlfWorld  # noqa: E402
+
+SEEDS = range(6)  # seeds 2k, 2k+1 play task type k: 3 types x (train, held-out)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("alf")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(root / "home"))
+        mp.setenv("ALFWORLD_DATA", str(root / "no_data"))
+        env = AlfWorld({"cache_dir": str(root / "cache"), "source": "generated"})
+        for seed in SEEDS:
+            env.game_file(seed)
+        yield root / "cache"
+
+
+def make(cache, **options):
+    return AlfWorld({"cache_dir": str(cache), "source": "generated", **options})
+
+
+def expert_run(env, seed, detour=0, rng=None, budget=60):
+    _, info = env.reset(seed)
+    result = None
+    for _ in range(detour):
+        result = env.step(rng.choice(info["admissible"]))
+        info = result.info
+    for _ in range(budget):
+        if result is not None and result.done:
+            break
+        result = env.step(env.expert_action())
+    return result
+
+
+def test_generator_covers_all_six_task_types():
+    assert len(alfworld_gen.scenes()) == 120
+    for i, task_type in enumerate(alfworld_gen.TASK_TYPES):
+        data = alfworld_gen.make_game_data(i, task_type)
+        assert data["task"]["task_type"] == task_type
+        assert "UNKNOWN GOAL" not in data["grammar"] and data["task"]["text"] in data["grammar"]
+        assert "(:goal" in data["pddl_problem"]
+
+
+def test_expert_solves_generated_games(cache):
+    env = make(cache)
+    seen = set()
+    for seed in SEEDS:
+        result = expert_run(env, seed)
+        assert result.done and result.info["won"] and result.reward == 1.0, f"seed {seed}"
+        seen.add(env.task_type(seed))
+        data = json.loads(env.game_file(seed).read_text())
+        assert data["solvable"] and data["walkthrough"]
+    assert len(seen) == 3
+
+
+def test_expert_recovers_after_detours(cache):
+    env, rng = make(cache), random.Random(0)
+    for seed in (0, 3, 5):
+        assert expert_run(env, seed, detour=6, rng=rng).info["won"], f"seed {seed}"
+
+
+def test_same_seed_same_episode(cache):
+    def rollout():
+        env, rng = make(cache), random.Random(4)
+        obs, info = env.reset(2)
+        trace = [obs, info["state_key"]]
+        for _ in range(6):
+            result = env.step(rng.choice(info["admissible"]))
+            info = result.info
+            trace.append((result.observation, result.reward, info["state_key"]))
+        return trace
+
+    assert rollout() == rollout()
+
+
+def test_train_and_heldout_are_disjoint(cache):
+    train = set(AlfWorld.task_seeds("train", 60))
+    heldout = set(AlfWorld.task_seeds("heldout", 60))
+    assert not train & heldout
+    env = make(cache, task_types=["pick_and_place_simple", "pick_two_obj_and_place"])
+    assert [env.task_type(s) for s in range(6)] == [
+        "pick_and_place_simple", "pick_and_place_simple", "pick_two_obj_and_place",
+        "pick_two_obj_and_place", "pick_and_place_simple", "pick_and_place_simple"]
+
+
+def test_invalid_actions_never_reach_the_interpreter(cache, monkeypatch):
+    env = AlfWorld({"cache_dir": str(cache), "source": "generated"}, format_penalty=0.2)
+    _, info = env.reset(0)
+
+    def boom(command):
+        raise AssertionError(f"interpreter called with {command!r}")
+
+    monkeypatch.setattr(env._tw, "step", boom)
+    for text in ["fly to the moon", "", "help", "go to cabinet 99", "\x00", None, "3"]:
+        result = env.step(text)
+        assert result.info["format_error"] and result.reward == -0.2 and not result.done
+        assert result.info["state_key"] == info["state_key"]
+
+
+def test_observation_format(cache):
+    env = make(cache)
+    obs, info = env.reset(1)
+    assert obs.startswith("Goal: ") and "Welcome" not in obs and "Your task is to" not in obs
+    assert "Available actions: go to " in obs and "help" not in info["admissible"]
+    assert len(obs) < 1500
+
+
+def test_choice_format(cache):
+    env = make(cache, action_format="choice")
+    obs, info = env.reset(4)
+    assert "\n1. " in obs and info["admissible"][0] == "1"
+    assert env.step("0").info["format_error"]
+    result = None
+    for _ in range(40):
+        result = env.step(env.expert_action())
+        if result.done:
+            break
+    assert result.info["won"]
+
+
+def test_episodes_end_within_a_turn_budget(cache):
+    env, rng = make(cache), random.Random(3)
+    _, info = env.reset(5)
+    for _ in range(15):
+        result = env.step(rng.choice(info["admissible"] + ["nonsense"]))
+        info = result.info
+        if result.done:
+            break
+
+
+def test_official_data_folder_is_used_when_present(cache, tmp_path, monkeypatch):
+    """An ALFWORLD_DATA layout (json_2.1.1/<split>/<task>/<trial>/game.tw-pddl)."""
+    root = tmp_path / "alfworld_data"
+    for split, seeds in (("train", (0, 2)), ("valid_unseen", (1,))):
+        for seed in seeds:
+            src = make(cache).game_file(seed)
+            task = json.loads(src.read_text())["task"]["task_type"]
+            trial = root / "json_2.1.1" / split / f"{task}-X-None-Y-{seed}" / "trial_1"
+            trial.mkdir(parents=True)
+            shutil.copy(src, trial / "game.tw-pddl")
+    skipped = root / "json_2.1.1" / "train" / "pick_and_place_simple-Sliced-1" / "trial_1"
+    skipped.mkdir(parents=True)
+    (skipped / "game.tw-pddl").write_text('{"solvable": true}')
+    monkeypatch.setenv("ALFWORLD_DATA", str(root))
+    env = AlfWorld({"cache_dir": str(cache), "data_dir": str(root)})
+    assert env.source == "official"
+    assert len(env._splits["train"]) == 2 and len(env._splits["heldout"]) == 1
+    assert expert_run(env, 0).info["won"] and expert_run(env, 1).info["won"]
+
+
+def test_missing_official_data_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="alfworld-download"):
+        AlfWorld({"source": "official", "data_dir": str(tmp_path / "nothing")})
+    with pytest.raises(Exception, match="task types"):
+        AlfWorld({"task_types": ["pick_and_fly"]})
