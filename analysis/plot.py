@@ -128,10 +128,10 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
     return _save(fig, out_dir, "diagnostics")
 
 
-def make_plots(path: str | Path, metrics: list[str] | None = None, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
-    """Write every figure of a results folder (default into <results>/plots; failed points left out);
-    returns
-    {"curves_<metric>": [png, svg], ..., "diagnostics": [png, svg]}."""
+def make_plots(path: str | Path, metrics: list[str] | None = None,
+               out_dir: str | Path | None = None) -> dict[str, list[Path]]:
+    """Write every figure of a results folder (default into <results>/plots; failed points left out).
+    Returns {"curves_<metric>": [png, svg], ..., "diagnostics": [png, svg]}."""
     results = load_results(path)
     # failed runs stop early for reasons unrelated to the method: their partial curves are left out
     curves = load_curves(path, results[results["status"] != "failed"])

@@ -71,18 +71,9 @@ def _by_seed(rows: pd.DataFrame, values: pd.Series) -> dict[int, float]:
             for i, s in zip(rows.index, rows["seed"])}
 
 
-def build_table(results: pd.DataFrame, curves: pd.DataFrame | None = None, metrics: list[str] | None = None,
-                statistic: str = "mean", interval: str = "pm", min_seeds: int = 1, n_boot: int = N_BOOT,
-                seed: int = 0) -> Table:
-    """Estimates for every cell x metric, the delta of the first metric to the baseline, notes."""
-    meta = results.attrs["sweep"]
-    explicit = bool(metrics)
-    metrics = list(metrics or DEFAULT_METRICS)
-    done = results[results["status"].isin(FINISHED)]
-    cells = list(dict.fromkeys(results["cell"]))
-    requested = len(meta.seeds) or max((int((results["cell"] == c).sum()) for c in cells), default=0)
-    notes: list[str] = []
-    values = {m: resolve_metric(results, curves, m) for m in metrics}
+def _recorded_metrics(done: pd.DataFrame, values: dict[str, pd.Series], metrics: list[str], explicit: bool,
+                      notes: list[str]) -> list[str]:
+    """Drop default metrics no finished point recorded (explicit ones stay, as dashes); note both."""
     kept = []
     for m in metrics:
         recorded = done["collapse_recorded"].any() if m == "collapsed_at" else values[m][done.index].notna().any()
@@ -90,50 +81,61 @@ def build_table(results: pd.DataFrame, curves: pd.DataFrame | None = None, metri
             kept.append(m)
         if not recorded and (explicit or m != "collapsed_at"):
             notes.append(f"Not recorded by any finished point: {m}.")
-    metrics = kept
-    base_cell = results.loc[results["is_baseline"], "cell"].iloc[0] if results["is_baseline"].any() else None
-    primary = metrics[0] if metrics else None
+    return kept
+
+
+def _metric_entry(rows: pd.DataFrame, v: pd.Series, is_collapse: bool, requested: int, min_seeds: int,
+                  **boot) -> Entry:
+    est = bootstrap_ci(v[rows.index], **boot)
+    if is_collapse:  # NaN = did not collapse: the estimate is over the runs that did
+        finished = int(rows["collapse_recorded"].sum())
+        return Entry("collapse", est, collapsed=est.n, finished=finished, dagger=finished < requested,
+                     below_min=0 < est.n < min_seeds)
+    return Entry("metric", est, dagger=est.n < requested, below_min=0 < est.n < min_seeds)
+
+
+def build_table(results: pd.DataFrame, curves: pd.DataFrame | None = None, metrics: list[str] | None = None,
+                statistic: str = "mean", interval: str = "pm", min_seeds: int = 1, n_boot: int = N_BOOT,
+                seed: int = 0) -> Table:
+    """Estimates for every cell x metric, the delta of the first metric to the baseline, notes."""
+    meta = results.attrs["sweep"]
+    done = results[results["status"].isin(FINISHED)]
+    cells = list(dict.fromkeys(results["cell"]))
+    requested = len(meta.seeds) or max((int((results["cell"] == c).sum()) for c in cells), default=0)
+    notes: list[str] = []
+    wanted = list(metrics or DEFAULT_METRICS)
+    values = {m: resolve_metric(results, curves, m) for m in wanted}
+    metrics = _recorded_metrics(done, values, wanted, bool(metrics), notes)
+    boot = dict(statistic=statistic, n_boot=n_boot, confidence=CONFIDENCE, seed=seed)
     grid: dict[str, dict[str, Entry]] = {c: {} for c in cells}
     for m in metrics:
         for c in cells:
+            grid[c][m] = _metric_entry(done[done["cell"] == c], values[m], m == "collapsed_at", requested,
+                                       min_seeds, **boot)
+        decimals = _decimals([grid[c][m].est.value for c in cells])
+        for c in cells:  # an update index needs no more than one decimal
+            grid[c][m].decimals = min(decimals, 1) if m == "collapsed_at" else decimals
+    columns = list(metrics)
+    base = results.loc[results["is_baseline"], "cell"]
+    if metrics and len(base):
+        columns.append("Δ")
+        v, base_rows = values[metrics[0]], done[done["cell"] == base.iloc[0]]
+        for c in cells:
             rows = done[done["cell"] == c]
-            est = bootstrap_ci(values[m][rows.index], statistic, n_boot, CONFIDENCE, seed)
-            if m == "collapsed_at":
-                rows = rows[rows["collapse_recorded"]]
-                e = Entry("collapse", est, collapsed=est.n, finished=len(rows), dagger=len(rows) < requested,
-                          below_min=0 < est.n < min_seeds)
-            else:
-                e = Entry("metric", est, dagger=est.n < requested, below_min=0 < est.n < min_seeds)
-            grid[c][m] = e
-        if m == primary and base_cell is not None:
-            base_rows = done[done["cell"] == base_cell]
-            for c in cells:
-                if c == base_cell:
-                    grid[c]["Δ"] = Entry("baseline")
-                    continue
-                rows = done[done["cell"] == c]
-                d = paired_difference(_by_seed(rows, values[m]), _by_seed(base_rows, values[m]),
-                                      statistic, n_boot, CONFIDENCE, seed)
-                grid[c]["Δ"] = Entry("delta", d, unpaired=d.n > 0 and not d.paired,
-                                     below_min=0 < d.n < min_seeds)
-    columns = metrics + (["Δ"] if base_cell is not None and primary else [])
-    for col in columns:
-        dec = _decimals([grid[c][col].est.value for c in cells if grid[c][col].est is not None])
-        dec = min(dec, 1) if col == "collapsed_at" else dec  # an update index needs no more
-        for c in cells:
-            grid[c][col].decimals = dec
-    if primary and base_cell is not None and "Δ" in columns:
-        for c in cells:
-            grid[c]["Δ"].decimals = grid[cells[0]][primary].decimals
+            d = paired_difference(_by_seed(rows, v), _by_seed(base_rows, v), **boot)
+            grid[c]["Δ"] = Entry("baseline") if c == base.iloc[0] else Entry(
+                "delta", d, decimals=grid[c][metrics[0]].decimals, unpaired=d.n > 0 and not d.paired,
+                below_min=0 < d.n < min_seeds)
     return _assemble(results, meta, cells, columns, grid, statistic, interval, min_seeds, requested, n_boot, notes)
 
 
 def _assemble(results, meta, cells, columns, grid, statistic, interval, min_seeds, requested, n_boot, notes) -> Table:
+    """Row texts (axis values, seeds), the CSV frame, notes and caption."""
     short = short_axis_names(meta.axes)
     first = {c: results[results["cell"] == c].iloc[0] for c in cells}
     auto = {c: (", ".join(f"{short[a]}={format_value(first[c][a])}" for a in meta.axes) if len(meta.axes) > 1
                 else format_value(first[c][meta.axes[0]]) if meta.axes else "all") for c in cells}
-    with_setting = not meta.axes or any(first[c]["label"] != auto[c] for c in cells)
+    with_setting = not meta.axes or any(first[c]["label"] != auto[c] for c in cells)  # the sweep named its cells
     key_header = (["setting"] if with_setting else []) + [short[a] for a in meta.axes]
     done = results[results["status"].isin(FINISHED)]
     rows, data = [], []
@@ -143,38 +145,50 @@ def _assemble(results, meta, cells, columns, grid, statistic, interval, min_seed
         rows.append((keys, f"{n_done}/{requested}", [grid[c][col] for col in columns]))
         rec = dict(zip(key_header, keys), seeds=n_done, requested=requested, baseline=bool(first[c]["is_baseline"]))
         for col in columns:
-            e = grid[c][col]
-            est = e.est
-            name = "delta" if col == "Δ" else col
+            est, name = grid[c][col].est, "delta" if col == "Δ" else col
             rec.update({name: getattr(est, "value", math.nan), f"{name}:lo": getattr(est, "lo", math.nan),
                         f"{name}:hi": getattr(est, "hi", math.nan), f"{name}:n": getattr(est, "n", 0)})
             if col == "Δ":
                 rec["delta:paired"] = getattr(est, "paired", None)
         data.append(rec)
-    shown = " ".join(format_entry(e, MD, interval) for _, _, es in rows for e in es)
-    if "†" in shown:
-        notes.insert(0, f"† fewer than the {requested} requested seeds (see the seeds column).")
-    if "‡" in shown:
-        notes.append("‡ unpaired interval: the cell's seeds differ from the baseline's.")
-    if "(n=" in shown:
-        notes.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
-    if "collapsed_at" in columns:
-        notes.append("collapse (update): mean update at which the collapse detector fired, over the runs "
-                     "that collapsed (collapsed/finished); never = no run collapsed.")
-    stat = "mean" if statistic == "mean" else "IQM (interquartile mean, rliable)"
-    form = "± half-width" if interval == "pm" else "[lo, hi]"
-    base = first[cells[0]]["label"] if cells else "?"
-    caption = (f"Sweep {meta.name}: {stat} over seeds with a {CONFIDENCE:.0%} percentile bootstrap CI "
-               f"({n_boot:,} resamples{', stratified' if statistic == 'iqm' else ''}), shown as {form}.")
-    if "Δ" in columns:
-        caption += (f" Δ = difference in {metric_name(columns[0])} to the baseline ({base}), "
-                    f"paired bootstrap over seeds.")
-    seeds = ", ".join(str(s) for s in meta.seeds) or "unknown"
-    caption += f" Seeds {seeds}. Code {_code_versions(done)}."
+    notes = _notes(rows, done, columns, requested, min_seeds, interval, notes)
+    caption = _caption(meta, columns, first[cells[0]]["label"] if cells else "?", done, statistic, interval, n_boot)
     header = [metric_name(m) for m in columns if m != "Δ"] + (
         [f"Δ {metric_name(columns[0])}"] if "Δ" in columns else [])
     return Table(meta.name, key_header, header, rows, caption, notes, _provenance(results, meta),
                  missing_lines(results), pd.DataFrame(data), interval)
+
+
+def _notes(rows, done: pd.DataFrame, columns: list[str], requested: int, min_seeds: int, interval: str,
+           notes: list[str]) -> list[str]:
+    """Footnotes for the marks actually shown, diverged runs, and the collapse column's definition."""
+    shown = " ".join(format_entry(e, MD, interval) for _, _, es in rows for e in es)
+    head = [f"† fewer than the {requested} requested seeds (see the seeds column)."] if "†" in shown else []
+    if "‡" in shown:
+        head.append("‡ unpaired interval: the cell's seeds differ from the baseline's.")
+    if "(n=" in shown:
+        head.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
+    diverged = done[done["status"] == "diverged"]
+    if len(diverged):
+        runs = ", ".join(f"{r['label']} seed {r['seed']}" for _, r in diverged.iterrows())
+        head.append(f"Diverged runs count as results, with the metrics they had when stopped: {runs}.")
+    if "collapsed_at" in columns:
+        head.append("collapse (update): mean update at which the collapse detector fired, over the runs "
+                    "that collapsed (collapsed/finished); never = no run collapsed.")
+    return head + notes
+
+
+def _caption(meta, columns: list[str], baseline: str, done: pd.DataFrame, statistic: str, interval: str,
+             n_boot: int) -> str:
+    stat = "mean" if statistic == "mean" else "IQM (interquartile mean, rliable)"
+    form = "± half-width" if interval == "pm" else "[lo, hi]"
+    caption = (f"Sweep {meta.name}: {stat} over seeds with a {CONFIDENCE:.0%} percentile bootstrap CI "
+               f"({n_boot:,} resamples{', stratified' if statistic == 'iqm' else ''}), shown as {form}.")
+    if "Δ" in columns:
+        caption += (f" Δ = difference in {metric_name(columns[0])} to the baseline ({baseline}), "
+                    f"paired bootstrap over seeds.")
+    seeds = ", ".join(str(s) for s in meta.seeds) or "unknown"
+    return caption + f" Seeds {seeds}. Code {_code_versions(done)}."
 
 
 def _code_versions(done: pd.DataFrame) -> str:

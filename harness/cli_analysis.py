@@ -97,8 +97,8 @@ def plot(results: ResultsArg, metric: MetricOpt = None,
 @_friendly
 def report(results: ResultsArg,
            format: Annotated[ReportFormat, typer.Option("--format", "-f", help="Page format.")] = ReportFormat.md,
-           out: Annotated[Path | None, typer.Option("--out", "-o", help="Page path (default "
-                                                    "<results>/report.md|html); figures go next to it in plots/.")] = None,
+           out: Annotated[Path | None, typer.Option("--out", "-o", help="Page path (default <results>/report.md "
+                                                    "or .html); figures go next to it in plots/.")] = None,
            metric: MetricOpt = None,
            iqm: Annotated[bool, typer.Option("--iqm", help="IQM instead of the mean in the table.")] = False) -> None:
     """One page: status of every point, the table, the figures, provenance and what is missing."""

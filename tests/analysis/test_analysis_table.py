@@ -92,3 +92,10 @@ def test_no_sweep_json_still_builds(tmp_path):
 def test_unknown_format_names_the_choices(clip_sweep):
     with pytest.raises(ValueError, match="markdown, latex, csv, html"):
         render(table_for(clip_sweep), "docx")
+
+
+def test_diverged_runs_are_results_and_said_so(clip_sweep):
+    (clip_sweep / "clip.level=dual__seed1" / "status").write_text("diverged\n")
+    text = render(table_for(clip_sweep), "markdown")
+    assert "| dual | 3/3 | 0.75 ± 0.25 |" in text
+    assert "Diverged runs count as results, with the metrics they had when stopped: dual seed 1." in text
