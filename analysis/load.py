@@ -45,6 +45,10 @@ class SweepMeta:
     source: str = "sweep.json"
     problems: list[str] = field(default_factory=list)
 
+    def __deepcopy__(self, memo: dict) -> "SweepMeta":
+        # pandas deep-copies DataFrame.attrs on every slice; this metadata is shared, not copied.
+        return self
+
 
 # ----------------------------------------------------------------------------- small readers
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -254,7 +258,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
             row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
         row["_sweep_label"] = p.get("label")
         rows.append(row)
-    df = _add_cells(pd.DataFrame(rows), meta)
+    df = pd.DataFrame(rows)
+    df["seed"] = df["seed"].astype("Int64")  # <NA> where no seed is known
+    df = _add_cells(df, meta)
     df.attrs["sweep"] = meta
     return df
 
@@ -306,6 +312,7 @@ def load_curves(path: str | Path, results: pd.DataFrame | None = None,
     wanted = set(metrics) if metrics else None
     cols: dict[str, list] = {c: [] for c in ("point", "seed", "label", "status", "update", "metric", "value")}
     for _, r in results[results["has_metrics"]].iterrows():
+        point = (r["point"], r["seed"], r["label"], r["status"])
         for i, row in enumerate(read_metrics_rows(root / r["point"] / "metrics.jsonl")):
             update = row.get("update", i)
             for k, v in row.items():
@@ -313,11 +320,10 @@ def load_curves(path: str | Path, results: pd.DataFrame | None = None,
                     continue
                 if wanted is not None and k not in wanted:
                     continue
-                for c, x in zip(cols, (r["point"], r["seed"], r["label"], r["status"], update, k, float(v))):
+                for c, x in zip(cols, (*point, update, k, float(v))):
                     cols[c].append(x)
     df = pd.DataFrame(cols)
     df["value"] = df["value"].astype(float)
-    df.attrs["sweep"] = results.attrs.get("sweep")
     return df
 
 

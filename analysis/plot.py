@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
@@ -56,9 +57,13 @@ def bands(data: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
     """Mean and 95% percentile-bootstrap CI over seeds per (label, update): the table's definition
     (analysis.stats), vectorized per point, unlike seaborn's per-resample Python loop."""
     rows = []
-    for (label, update), g in data.groupby(["label", "update"], sort=False):
-        e = bootstrap_ci(g["value"].to_numpy(), n_boot=n_boot)
-        rows.append((label, update, e.value, e.lo, e.hi))
+    for label, g in data.groupby("label", sort=False):
+        order = np.argsort(g["update"].to_numpy(), kind="stable")
+        updates, values = g["update"].to_numpy()[order], g["value"].to_numpy()[order]
+        keys, starts = np.unique(updates, return_index=True)
+        for update, chunk in zip(keys, np.split(values, starts[1:])):
+            e = bootstrap_ci(chunk, n_boot=n_boot)
+            rows.append((label, update, e.value, e.lo, e.hi))
     return pd.DataFrame(rows, columns=["label", "update", "mean", "lo", "hi"])
 
 

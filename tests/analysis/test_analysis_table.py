@@ -99,3 +99,11 @@ def test_diverged_runs_are_results_and_said_so(clip_sweep):
     text = render(table_for(clip_sweep), "markdown")
     assert "| dual | 3/3 | 0.75 ± 0.25 |" in text
     assert "Diverged runs count as results, with the metrics they had when stopped: dual seed 1." in text
+
+
+def test_stray_point_without_seed_or_config_is_listed(clip_sweep):
+    (clip_sweep / "stray").mkdir()
+    (clip_sweep / "stray" / "status").write_text("running\n")
+    t = table_for(clip_sweep)
+    assert any(m.endswith("[stray]: running (no config.yaml; no summary.json)") for m in t.missing)
+    assert "| ppo | 3/3 | 0.50 ± 0.25 |" in render(t, "markdown")
