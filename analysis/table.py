@@ -67,8 +67,12 @@ def _decimals(values: list[float]) -> int:
 
 
 def _by_seed(rows: pd.DataFrame, values: pd.Series) -> dict[int, float]:
-    return {int(s) if s is not None and not pd.isna(s) else -i: float(values[i])
-            for i, s in zip(rows.index, rows["seed"])}
+    """{seed: value}; a point without a known seed gets a key no other point shares (never paired)."""
+    return {-1 - i if pd.isna(s) else int(s): float(values[i]) for i, s in zip(rows.index, rows["seed"])}
+
+
+def _seed_text(s) -> str:
+    return "" if pd.isna(s) else f" seed {int(s)}"
 
 
 def _recorded_metrics(done: pd.DataFrame, values: dict[str, pd.Series], metrics: list[str], explicit: bool,
@@ -170,7 +174,7 @@ def _notes(rows, done: pd.DataFrame, columns: list[str], requested: int, min_see
         head.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
     diverged = done[done["status"] == "diverged"]
     if len(diverged):
-        runs = ", ".join(f"{r['label']} seed {r['seed']}" for _, r in diverged.iterrows())
+        runs = ", ".join(f"{r['label']}{_seed_text(r['seed'])}" for _, r in diverged.iterrows())
         head.append(f"Diverged runs count as results, with the metrics they had when stopped: {runs}.")
     if "collapsed_at" in columns:
         head.append("collapse (update): mean update at which the collapse detector fired, over the runs "
@@ -204,7 +208,8 @@ def _provenance(results: pd.DataFrame, meta) -> list[str]:
              f"baseline: {', '.join(f'{k}={format_value(v)}' for k, v in meta.baseline.items()) or 'first point'}"]
     hashes = []
     for label, g in done.groupby("label", sort=False):
-        hs = [f"{h}" if s is None else f"{h} (seed {s})" for h, s in zip(g["config_hash"].fillna("?"), g["seed"])]
+        hs = [f"{h}" + (f" ({_seed_text(s).strip()})" if _seed_text(s) else "")
+              for h, s in zip(g["config_hash"].fillna("?"), g["seed"])]
         hashes.append(f"{label}: {', '.join(hs)}")
     if hashes:
         lines.append("config hashes: " + "; ".join(hashes))
@@ -220,10 +225,9 @@ def missing_lines(results: pd.DataFrame) -> list[str]:
     meta = results.attrs["sweep"]
     out = [f"sweep: {p}" for p in meta.problems]
     for _, r in results[~results["status"].isin(FINISHED)].iterrows():
-        seed = "" if r["seed"] is None or pd.isna(r["seed"]) else f" seed {int(r['seed'])}"
         why = f": {str(r['error']).splitlines()[0][:120]}" if isinstance(r.get("error"), str) and r["error"] else ""
         probs = f" ({r['problems']})" if r["problems"] else ""
-        out.append(f"{r['label']}{seed} [{r['point']}]: {r['status']}{why}{probs}")
+        out.append(f"{r['label']}{_seed_text(r['seed'])} [{r['point']}]: {r['status']}{why}{probs}")
     return out
 
 
