@@ -1,0 +1,87 @@
+"""Content-addressed build cache shared by the points of a sweep.
+
+Things that many points need and that cost minutes to build (the tiny base model, an SFT
+warm-up) are stored under `<cache_dir>/<kind>/<hash>/`, where the hash covers everything the
+result depends on: the relevant config, the source code of the modules that build it and the
+versions of the numeric packages. Parallel points race for a file lock; the first builds into a
+temporary folder and renames it into place (atomic on one filesystem), the others wait and then
+read. A folder without its `DONE` marker is never read.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from filelock import FileLock
+
+DONE = "DONE.json"
+_PACKAGES = ("torch", "transformers", "tokenizers", "peft")
+
+
+def content_hash(obj: Any, length: int = 16) -> str:
+    """Stable hash of a JSON-able object (keys sorted; non-JSON values by their str)."""
+    blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def code_version(*objs: Any) -> str:
+    """Hash of the source files defining `objs` (modules, classes or functions)."""
+    h = hashlib.sha256()
+    for path in sorted({inspect.getsourcefile(o) for o in objs}):
+        h.update(Path(path).name.encode())
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def build_once(root: Path, key: str, build: Callable[[Path], dict], meta: dict | None = None) -> tuple[Path, bool]:
+    """Return `(root/key, built)`: build the entry with `build(tmp_dir)` unless it is complete.
+
+    `build` writes its files into the folder it is given and returns a JSON-able dict that is
+    stored in `DONE.json` with `meta`. Exactly one process builds a given key; the others block
+    on the lock and then find it complete (`built` False).
+    """
+    root = Path(root)
+    final = root / key
+    if (final / DONE).exists():
+        return final, False
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{key}.lock")):
+        if (final / DONE).exists():
+            return final, False
+        tmp = root / f".{key}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            t0 = time.time()
+            info = build(tmp) or {}
+            record = {"key": key, "meta": meta or {}, "info": info, "build_seconds": round(time.time() - t0, 2),
+                      "packages": package_versions()}
+            (tmp / DONE).write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+            if final.exists():  # an incomplete folder left by a crashed build
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final, True
+
+
+def read_record(entry: Path) -> dict:
+    """The `DONE.json` record of a complete cache entry."""
+    return json.loads((Path(entry) / DONE).read_text())

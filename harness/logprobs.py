@@ -1,0 +1,257 @@
+"""Per-token log-probs (and entropies) without a full-vocabulary float32 log-softmax.
+
+The naive way, `model(ids).logits.float().log_softmax(-1).gather(...)`, holds several (B, T, V)
+float32 tensors at once (logits, their float copy, the log-softmax and, in backward, its
+gradient): 63 GiB for a 0.5B model at 8 x 2048 tokens on a GPU. Here the backbone gives hidden
+states (B, T, H); only the positions that are asked for are gathered into (N, H) rows, and the
+lm_head + log-softmax run on `chunk_size` rows at a time through a fused autograd function that
+keeps no logits for backward (it recomputes them per chunk and writes the gradient over them in
+place), so at most two (chunk, V) float32 blocks are alive at any time, forward or backward.
+A head that is not a plain nn.Linear (e.g. LoRA on lm_head) falls back to activation
+checkpointing per chunk.
+
+Convention (verl): logits are divided by `temperature` before the log-softmax, the same
+tempered distribution the sampler draws from. `logp[:, t] = log p(ids[:, t] | ids[:, <t])`;
+position 0, padding and positions not asked for are 0. Position ids are derived from the
+attention mask, so left- and right-padded batches give the same values.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK = 1024  # rows of (chunk, V) float32 logits: 0.6 GB for Qwen's 152k vocabulary
+
+
+def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(decoder stack, lm_head) of a causal LM, PEFT-wrapped or not (LoRA layers stay active)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only (left padding safe). (B, T)"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head."""
+    decoder, _ = backbone_and_head(model)
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                  use_cache=False)
+    return out.last_hidden_state
+
+
+class _LinearLogprob(torch.autograd.Function):
+    """lm_head + tempered log-softmax + gather (+ entropy) on one chunk of rows, fused.
+
+    Saves only the inputs and two numbers per row; backward recomputes the logits and writes
+    the gradient over them in place, so at most two (n, V) float32 blocks exist at once.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, temperature, with_entropy):
+        logits = _linear_logits(h, weight, bias, temperature)  # (n, V) float32
+        lse = torch.logsumexp(logits, dim=-1)  # (n,)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        ent = torch.zeros_like(logp)
+        if with_entropy:
+            p = torch.exp(logits - lse[:, None])  # (n, V)
+            ent = lse - torch.linalg.vecdot(p, logits)
+        ctx.save_for_backward(h, weight, bias, targets, lse, ent)
+        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        h, weight, bias, targets, lse, ent = ctx.saved_tensors
+        logq = _linear_logits(h, weight, bias, ctx.temperature).sub_(lse[:, None])  # log p, (n, V)
+        grad = logq.exp()  # p, (n, V)
+        if ctx.with_entropy:  # dH/dz = -p (log p + H)
+            logq.add_(ent[:, None]).mul_(grad).mul_(-g_ent[:, None])
+        grad.mul_(-g_logp[:, None])  # d logp_target / dz = onehot - p
+        grad.scatter_add_(-1, targets[:, None], g_logp[:, None].to(grad.dtype))
+        if ctx.with_entropy:
+            grad.add_(logq)
+        del logq
+        grad = grad.div_(ctx.temperature).to(weight.dtype)  # (n, V)
+        g_h = grad @ weight if ctx.needs_input_grad[0] else None  # (n, H)
+        g_w = grad.t() @ h if ctx.needs_input_grad[1] else None  # (V, H)
+        g_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return g_h, g_w, g_b, None, None, None
+
+
+def _linear_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    logits = (h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())).float()  # (n, V)
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+def _chunk_generic(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any head module (e.g. a LoRA-wrapped lm_head); used under activation checkpointing."""
+    logits = head(h).float() / temperature  # (n, V)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    return logp, lse - torch.linalg.vecdot(torch.exp(logits - lse[:, None]), logits)
+
+
+def _chunk_logprobs(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if type(head) is nn.Linear:
+        return _LinearLogprob.apply(h, head.weight, head.bias, targets, temperature, with_entropy)
+    if torch.is_grad_enabled() and h.requires_grad:
+        return checkpoint(_chunk_generic, head, h, targets, temperature, with_entropy, use_reentrant=False)
+    return _chunk_generic(head, h, targets, temperature, with_entropy)
+
+
+def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK,
+                         with_entropy: bool = False, token_mask: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked lm_head + log-softmax on given hidden states. See `token_logprobs`."""
+    _, head = backbone_and_head(model)
+    B, T = input_ids.shape
+    want = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()  # (B, T-1) target t+1 from state t
+    if token_mask is not None:
+        want = want & token_mask[:, 1:].bool()
+    h = hidden[:, :-1][want]  # (N, H)
+    targets = input_ids[:, 1:][want]  # (N,)
+    lps, ents = [], []
+    for s in range(0, h.shape[0], chunk_size):
+        lp, ent = _chunk_logprobs(head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    zeros = torch.zeros(B, T - 1, dtype=torch.float32, device=hidden.device)
+    pad = torch.zeros(B, 1, dtype=torch.float32, device=hidden.device)
+
+    def scatter(parts: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat(parts) if parts else zeros.new_zeros(0)
+        return torch.cat([pad, zeros.masked_scatter(want, flat)], dim=1)  # (B, T)
+
+    return scatter(lps), (scatter(ents) if with_entropy else None)
+
+
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                   temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = False,
+                   token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
+
+    input_ids, attention_mask: (B, T). Returns `logp` (B, T) float32 with
+    `logp[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]`, and the full-vocabulary
+    entropy of the same tempered distribution (B, T) when `with_entropy` (else None).
+    `token_mask` (B, T), optional: compute only where it is 1 (e.g. action tokens); others are 0.
+    """
+    hidden = hidden_states(model, input_ids, attention_mask)  # (B, T, H)
+    return logprobs_from_hidden(model, hidden, input_ids, attention_mask, temperature=temperature,
+                                chunk_size=chunk_size, with_entropy=with_entropy, token_mask=token_mask)
+
+
+def naive_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                         temperature: float = 1.0, with_entropy: bool = False,
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The reference computation (full (B, T, V) float32 log-softmax); for tests and the benchmark."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids(attention_mask), use_cache=False).logits.float() / temperature
+    logsm = logits[:, :-1].log_softmax(-1)  # (B, T-1, V)
+    valid = (attention_mask[:, 1:] * attention_mask[:, :-1]).float()
+    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * valid
+    pad = lp.new_zeros(lp.shape[0], 1)
+    ent = None
+    if with_entropy:
+        ent = torch.cat([pad, -(logsm.exp() * logsm).sum(-1) * valid], dim=1)
+    return torch.cat([pad, lp], dim=1), ent
+
+
+# ----------------------------------------------------------------------------- memory benchmark
+def _cpu_rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
+    """Peak memory `fn()` adds above what was allocated before it ran.
+
+    CUDA: `torch.cuda.max_memory_allocated`. CPU (Linux): the process's resident-set high-water
+    mark, reset through /proc/self/clear_refs. glibc is told to serve allocations >= 64 KiB by mmap
+    and to return free heap pages first, so memory freed earlier cannot hide a later peak.
+    """
+    device = torch.device(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: big blocks by mmap (also stops its dynamic growth)
+        libc.malloc_trim(0)  # free heap pages leave the resident set, so reusing them counts again
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set
+    base = _cpu_rss_bytes("VmRSS")
+    fn()
+    return _cpu_rss_bytes("VmHWM") - base
+
+
+def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      chunk_size: int = DEFAULT_CHUNK, backward: bool = True, head_only: bool = True) -> dict:
+    """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
+
+    head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
+    activations are the same in both and are excluded). Otherwise the whole forward is measured.
+    backward: include the backward pass (gradients into the trainable parameters / hidden states).
+    Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
+    """
+    device = input_ids.device
+    if head_only:
+        with torch.no_grad():
+            hidden = hidden_states(model, input_ids, attention_mask)
+        hidden.requires_grad_(backward)
+        _, head = backbone_and_head(model)
+
+        def naive() -> None:
+            logits = head(hidden).float()  # (B, T, V)
+            lp = logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None])
+            if backward:
+                lp.sum().backward()
+
+        def chunked() -> None:
+            lp, _ = logprobs_from_hidden(model, hidden, input_ids, attention_mask, chunk_size=chunk_size)
+            if backward:
+                lp.sum().backward()
+    else:
+        def naive() -> None:
+            lp, _ = naive_token_logprobs(model, input_ids, attention_mask)
+            if backward:
+                lp.sum().backward()
+
+        def chunked() -> None:
+            lp, _ = token_logprobs(model, input_ids, attention_mask, chunk_size=chunk_size)
+            if backward:
+                lp.sum().backward()
+
+    with torch.set_grad_enabled(backward):
+        chunk_bytes = measure_peak_bytes(chunked, device)
+        naive_bytes = measure_peak_bytes(naive, device)
+    model.zero_grad(set_to_none=True)
+    return {"naive_bytes": naive_bytes, "chunked_bytes": chunk_bytes, "ratio": chunk_bytes / max(naive_bytes, 1),
+            "tokens": int(attention_mask.sum()), "chunk_size": chunk_size, "head_only": head_only,
+            "backward": backward, "device": str(device)}
+
+
+__all__ = ["token_logprobs", "logprobs_from_hidden", "hidden_states", "naive_token_logprobs",
+           "peak_memory_ratio", "measure_peak_bytes", "backbone_and_head", "position_ids"]

@@ -1,0 +1,247 @@
+"""Supervised training on expert demonstrations: the tiny model's pre-training and the SFT warm-up.
+
+A demonstration is laid out exactly as the rollout lays out an episode in the concatenated
+layout (`harness.chat` segments, each tokenized once):
+
+    prompt(instructions, obs_1) | action_1 | observation(obs_2) | action_2 | ...
+
+and the loss is on the action segments only: the action text ids plus the end-of-turn id,
+exactly the tokens RL samples. Batches group sequences of similar length (little padding);
+the loss is the mean over the batch's action tokens, computed through the memory-bounded
+log-prob path (`harness.logprobs`), so only action positions reach the lm_head.
+
+Deterministic on CPU: the shuffling uses its own generator seeded by `seed`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from harness.chat import ChatFormat
+from harness.logprobs import hidden_states, logprobs_from_hidden
+
+DEMO_MAX_TURNS = 64  # cap of an expert episode; independent of turns.max so budgets share a cache
+
+
+@dataclass
+class Demo:
+    """One expert episode as text: observations[t] is what the expert saw before actions[t]."""
+
+    instructions: str
+    observations: list[str]
+    actions: list[str]
+    final_observation: str = ""
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def to_demo(ep: Any) -> Demo:
+    """A `Demo` from an `envs.demos.Episode` (turns), a `harness.records.Episode` (steps) or a Demo."""
+    if isinstance(ep, Demo):
+        return ep
+    if hasattr(ep, "turns"):
+        return Demo(ep.instructions, [t.observation for t in ep.turns], [t.action for t in ep.turns],
+                    getattr(ep, "final_observation", ""), getattr(ep, "seed", None))
+    if hasattr(ep, "steps"):
+        return Demo(ep.instructions, [s.observation for s in ep.steps], [s.action_text for s in ep.steps],
+                    "", getattr(ep, "task_seed", None))
+    raise TypeError(f"not a demonstration: {type(ep).__name__}")
+
+
+def collect_demos(env_name: str, options: dict | None, n: int, start: int = 0,
+                  max_turns: int = DEMO_MAX_TURNS) -> tuple[list[Demo], int]:
+    """`n` won expert episodes on the train seeds from index `start` on, in seed order.
+
+    Returns (demos, next_index): the index after the last train seed used, so a later caller can
+    take demonstrations of other tasks. Episodes the expert fails are skipped.
+    """
+    from envs.demos import expert_episodes
+    from envs.registry import env_class
+
+    cls = env_class(env_name)
+    demos: list[Demo] = []
+    index = start
+    for _ in range(8):  # at most 8 rounds of refill
+        need = n - len(demos)
+        if need <= 0:
+            break
+        ask = need + max(4, need // 4) if demos else need
+        seeds = cls.task_seeds("train", index + ask, options)[index:]
+        for ep in expert_episodes(env_name, options, seeds, max_turns):
+            index += 1
+            if ep.won and not ep.env_error and ep.turns:
+                demos.append(to_demo(ep))
+                if len(demos) == n:
+                    break
+    return demos, index
+
+
+# ----------------------------------------------------------------------------- encoding
+def encode_demo(chat: ChatFormat, demo: Demo, max_len: int) -> tuple[list[int], list[int]]:
+    """(input ids, loss mask) of one demonstration; turns that would pass `max_len` are dropped."""
+    ids = chat.prompt(demo.instructions, demo.observations[0])
+    mask = [0] * len(ids)
+    for t, action in enumerate(demo.actions):
+        obs = chat.observation(demo.observations[t]) if t > 0 else []
+        act = chat.action(action)
+        if len(ids) + len(obs) + len(act) > max_len:
+            break
+        ids += obs + act
+        mask += [0] * len(obs) + [1] * len(act)
+    return ids, mask
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
+                   window: int = 32) -> list[list[int]]:
+    """Shuffled batches of similar-length examples: shuffle, sort within windows of
+    `window` batches, cut, shuffle the batch order. Every index appears exactly once."""
+    perm = torch.randperm(len(lengths), generator=generator).tolist()
+    span = batch_size * window
+    batches = []
+    for w in range(0, len(perm), span):
+        chunk = sorted(perm[w:w + span], key=lambda i: lengths[i])
+        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    order = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in order]
+
+
+def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """Right-padded (input_ids, attention_mask, loss_mask), each (B, T)."""
+    T = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), T), dtype=torch.long)
+    lmask = torch.zeros((len(examples), T), dtype=torch.float32)
+    for b, (x, m) in enumerate(examples):
+        ids[b, :len(x)] = torch.tensor(x)
+        attn[b, :len(x)] = 1
+        lmask[b, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids.to(device), attn.to(device), lmask.to(device)
+
+
+def action_loss(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over the action tokens of a batch (scalar)."""
+    hidden = hidden_states(model, ids, attn)  # (B, T, H)
+    logp, _ = logprobs_from_hidden(model, hidden, ids, attn, token_mask=lmask)  # (B, T)
+    return -(logp * lmask).sum() / lmask.sum().clamp(min=1)
+
+
+# ----------------------------------------------------------------------------- training
+def _schedule(total_steps: int, warmup_frac: float, min_lr_frac: float) -> Callable[[int], float]:
+    warm = max(1, int(total_steps * warmup_frac))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def sft_train(model: nn.Module, chat: ChatFormat, episodes: Sequence[Any], epochs: int, lr: float,
+              batch_size: int, seed: int, max_len: int, *, weight_decay: float = 0.0, warmup_frac: float = 0.05,
+              min_lr_frac: float = 0.1, grad_clip: float = 1.0, log: Callable[[dict], None] | None = None) -> dict:
+    """Train the trainable parameters of `model` on expert demonstrations; return metrics.
+
+    AdamW, linear warm-up then cosine decay to `min_lr_frac * lr`, gradient clipping. The loss is
+    on action tokens only (see the module docstring). `episodes`: Demos or episodes `to_demo` reads.
+    """
+    examples = [encode_demo(chat, to_demo(e), max_len) for e in episodes]
+    examples = [x for x in examples if any(x[1])]
+    if not examples or epochs <= 0:
+        return {"sft/examples": len(examples), "sft/steps": 0}
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [len(x[0]) for x in examples]
+    steps_per_epoch = math.ceil(len(examples) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(epochs * steps_per_epoch, warmup_frac, min_lr_frac))
+    was_training = model.training
+    model.train()
+    t0, step, epoch_losses, first_loss = time.time(), 0, [], None
+    for epoch in range(epochs):
+        total = torch.zeros((), device=device)  # summed action-token NLL; one sync per epoch
+        count = 0.0
+        for idx in length_batches(lengths, batch_size, gen):
+            batch = [examples[i] for i in idx]
+            ids, attn, lmask = collate(batch, chat.pad_id, device)
+            loss = action_loss(model, ids, attn, lmask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            sched.step()
+            n_act = float(sum(sum(m) for _, m in batch))
+            total, count, step = total + loss.detach() * n_act, count + n_act, step + 1
+            first_loss = loss.detach() if first_loss is None else first_loss
+        epoch_losses.append(float(total) / max(count, 1.0))
+        if log:
+            log({"sft/epoch": epoch + 1, "sft/loss": epoch_losses[-1], "sft/seconds": time.time() - t0})
+    model.train(was_training)
+    seconds = time.time() - t0
+    tokens = sum(lengths) * epochs
+    return {"sft/examples": len(examples), "sft/steps": step, "sft/first_loss": float(first_loss),
+            "sft/epoch_losses": epoch_losses, "sft/final_loss": epoch_losses[-1], "sft/seconds": round(seconds, 2),
+            "sft/tokens_per_s": round(tokens * 1.0 / max(seconds, 1e-9), 1),
+            "sft/action_tokens": int(sum(sum(m) for _, m in examples)),
+            "sft/tokens": int(sum(lengths))}
+
+
+# ----------------------------------------------------------------------------- SFT warm-up
+SFT_SEED = 0  # the warm-up is shared by all points of a sweep, whatever their train.seed
+
+
+def sft_cache_key(cfg, base_info: dict) -> str:
+    from harness.cache import content_hash
+    from harness.models import _code_key, _env_key
+
+    s = cfg.sft
+    return content_hash({"base": base_info["base"], "env": _env_key(cfg), "finetune": cfg.model.finetune,
+                         "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
+                         "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
+                         "dtype": cfg.model.dtype, "seed": SFT_SEED, "demo_start": _demo_start(base_info),
+                         "code": _code_key()})
+
+
+def _demo_start(base_info: dict) -> int:
+    return int(base_info.get("base_info", {}).get("demo_seed_index", 0))
+
+
+def sft_warmup(cfg, source: str, base_info: dict, cache_dir, device) -> tuple[str, dict]:
+    """The SFT warm-up of the base model at `source` (cached): returns (folder of the warmed-up full
+    model, provenance). LoRA fine-tuning trains an adapter (seed SFT_SEED) and merges it; full
+    fine-tuning trains all weights. Demonstrations are expert episodes on train seeds not used by
+    the tiny model's pre-training."""
+    from pathlib import Path
+
+    from harness.cache import build_once, read_record
+    from harness.models import DTYPES, load_pretrained, wrap_lora
+
+    start = _demo_start(base_info)
+
+    def build(out: Path) -> dict:
+        model, tok = load_pretrained(source, DTYPES[cfg.model.dtype])
+        model.to(device)
+        chat = ChatFormat(tok)
+        demos, used = collect_demos(cfg.env.name, cfg.env.options, cfg.sft.demos, start=start)
+        max_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
+        train = wrap_lora(model, cfg.model.lora, SFT_SEED) if cfg.model.finetune == "lora" else model
+        s = cfg.sft
+        metrics = sft_train(train, chat, demos, s.epochs, s.lr, s.batch_size, SFT_SEED, max_len)
+        if cfg.model.finetune == "lora":
+            model = train.merge_and_unload()
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        return {"sft": metrics, "demo_seeds": [start, used], "demos": len(demos)}
+
+    entry, built = build_once(Path(cache_dir) / "sft", sft_cache_key(cfg, base_info), build,
+                              meta={"base": base_info["base"], "sft": cfg.sft.model_dump()})
+    return str(entry.resolve()), {"sft": f"sft:{entry.name}", "sft_built": built,
+                                  "sft_info": read_record(entry)["info"]}
