@@ -152,8 +152,10 @@ def _first_line(text: str) -> str:
 
 @app.command()
 def axes() -> None:
-    """Every ablation axis: its values with one-line docs and sources (from the registries), then
-    the choice-valued settings of the config schema."""
+    """Every ablation axis with its values, one-line docs and sources.
+
+    Generated from the registries of algorithms.AXES, followed by the choice-valued settings of
+    the config schema (context.policy, algo.kl.where, ...)."""
     from harness.loading import axis_registries, iter_config_fields, literal_choices
 
     registries = axis_registries()
@@ -215,6 +217,15 @@ def config_docs() -> None:
         print(f"  {key}: {type_name} = {json.dumps(default, default=str)}")
         if info.description:
             print(f"      {_first_line(info.description)}")
+
+
+try:  # table / plot / report (analysis issue)
+    from harness.cli_analysis import register as _register_analysis
+except ModuleNotFoundError as _e:
+    if _e.name != "harness.cli_analysis":
+        raise
+else:
+    _register_analysis(app)
 
 
 def main(argv: list[str] | None = None) -> None:

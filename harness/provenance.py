@@ -72,5 +72,5 @@ def package_versions() -> dict[str, str | None]:
 
 def environment() -> dict[str, Any]:
     """Everything above plus the machine, for summary.json."""
-    return {"code": code_version(), "packages": package_versions(),
+    return {"code_version": code_version(), "packages": package_versions(),
             "platform": platform.platform(), "host": platform.node()}

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.config import RunConfig
 from harness.errors import ConfigError
-from harness.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, read_yaml,
+from harness.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, get_dotted, read_yaml,
                              validate_run_config, validation_lines)
 from harness.provenance import config_hash
 
@@ -82,15 +82,19 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
 
     def manifest(self) -> dict[str, Any]:
-        """What results/<name>/sweep.json holds: enough for tables to group seeds and find the baseline."""
+        """What results/<name>/sweep.json holds (read by `analysis`): the axes (without the seed),
+        the baseline as {axis: value} of its resolved config, and every point with its overrides."""
+        axes = [a for a in self.axes if a != SEED_KEY]
+        ref = next(p for p in self.points if p.variant == self.baseline).config.model_dump(mode="json")
         variants = {}
         for p in self.points:
             variants.setdefault(p.variant, {"variant": p.variant, "label": p.label, "overrides": p.overrides,
                                             "is_baseline": p.is_baseline})
         return {"name": self.name, "description": self.description, "source": str(self.path or ""),
-                "axes": self.axes, "baseline": self.baseline, "seeds": self.seeds,
-                "variants": list(variants.values()),
-                "points": [{"id": p.id, "variant": p.variant, "seed": p.seed, "config_hash": p.config_hash}
+                "axes": axes, "baseline": {a: get_dotted(ref, a) for a in axes},
+                "baseline_variant": self.baseline, "seeds": self.seeds, "variants": list(variants.values()),
+                "points": [{"id": p.id, "variant": p.variant, "label": p.label, "seed": p.seed,
+                            "overrides": p.overrides, "config_hash": p.config_hash, "is_baseline": p.is_baseline}
                            for p in self.points]}
 
 

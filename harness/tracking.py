@@ -187,6 +187,8 @@ class MlflowSink:
         return run.info.run_id
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -196,6 +198,8 @@ class MlflowSink:
             self._retry(lambda b: self.client.log_batch(self.run_id, metrics=b), batch[i:i + 1000])
 
     def log_params(self, params: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         from mlflow.entities import Param
 
         items = [Param(_BAD_KEY.sub("_", k)[:250], str(v)[:6000]) for k, v in params.items()]
@@ -203,10 +207,14 @@ class MlflowSink:
             self._retry(lambda b: self.client.log_batch(self.run_id, params=b), items[i:i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         for k, v in tags.items():
             self._retry(self.client.set_tag, self.run_id, k, str(v))
 
     def close(self, status: str) -> None:
+        if not self.enabled:
+            return
         self.set_tags({"status": status})
         self._retry(self.client.set_terminated, self.run_id, MLFLOW_STATUS.get(status, "FINISHED"))
 

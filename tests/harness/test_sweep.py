@@ -184,7 +184,11 @@ def test_base_errors_name_the_base_file(tmp_path):
 def test_manifest_lists_variants_and_baseline():
     sweep = load_sweep(REPO / "sweeps" / "clipping.yaml")
     manifest = sweep.manifest()
-    assert manifest["baseline"] == "ppo-token"
+    assert manifest["baseline_variant"] == "ppo-token"
+    ref = flatten(next(p for p in sweep.points if p.is_baseline).config.model_dump(mode="json"))
+    assert manifest["baseline"] == {a: ref[a] for a in manifest["axes"]}
+    assert manifest["baseline"]["algo.clip.level"] == "token"
+    assert "train.seed" not in manifest["axes"]
     assert len(manifest["points"]) == len(sweep.points)
     assert {v["variant"] for v in manifest["variants"]} == {p.variant for p in sweep.points}
     json.dumps(manifest)  # serializable

@@ -1,0 +1,118 @@
+"""Smoke tests of the real command line (`python -m harness ...` in a subprocess)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def harness(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}", **env}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_version():
+    from harness import __version__
+
+    out = harness("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"harness {__version__}"
+
+
+@pytest.mark.parametrize("command, options", [
+    ("sweep", ["--dry-run", "--workers", "--retry-failed", "--no-mlflow", "--results", "--backend"]),
+    ("run", ["--override", "--out", "--no-mlflow", "--dry-run", "config-docs"]),
+])
+def test_help(command, options):
+    out = harness(command, "--help", COLUMNS="200")
+    assert out.returncode == 0
+    for option in options:
+        assert option in out.stdout
+
+
+def test_dry_run_lists_the_points_of_the_clipping_sweep():
+    out = harness("sweep", "sweeps/clipping.yaml", "--dry-run", "--results", "/nonexistent-results")
+    assert out.returncode == 0, out.stderr
+    for point in load_sweep(REPO / "sweeps" / "clipping.yaml").points:
+        assert point.id in out.stdout
+    assert "baseline: ppo-token" in out.stdout and "[new]" in out.stdout
+
+
+def test_axes_lists_every_registered_value_and_the_schema_choices():
+    import algorithms
+
+    out = harness("axes")
+    assert out.returncode == 0, out.stderr
+    for key, registry in algorithms.AXES.items():
+        assert key in out.stdout
+        for name in registry.names():
+            assert f"  {name}" in out.stdout
+    assert "context.policy: full | window | obs_truncate | single" in out.stdout
+    assert "algo.kl.where: loss | reward" in out.stdout
+
+
+def test_envs_and_config_docs():
+    envs_out = harness("envs")
+    assert envs_out.returncode == 0 and "frozenlake" in envs_out.stdout and "options." in envs_out.stdout
+    docs = harness("config-docs")
+    assert docs.returncode == 0
+    assert "algo.clip.level: str" in docs.stdout and "Importance-ratio level" in docs.stdout
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("algo:\n  clip:\n    level: tokn\n", ["algo.clip.level = 'tokn'", "sequence"]),
+    ("algo: {agg: token-mean\n", ["bad.yaml:", "invalid YAML"]),
+    ("turns:\n  maxx: 3\n", ["unknown key 'turns.maxx'", "Did you mean 'turns.max'"]),
+])
+def test_bad_config_is_one_paragraph_and_exit_2(tmp_path, text, expected):
+    (tmp_path / "bad.yaml").write_text(text)
+    out = harness("run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "results"))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.startswith("error: ")
+    for piece in expected:
+        assert piece in out.stderr
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_bad_override_and_bad_sweep_exit_2(tmp_path):
+    out = harness("run", "configs/frozenlake_tiny.yaml", "-o", "context.policy=windowed", "--dry-run")
+    assert out.returncode == 2 and "context.policy = 'windowed'" in out.stderr and "obs_truncate" in out.stderr
+    (tmp_path / "s.yaml").write_text("name: s\nbase: {}\ngrid: {algo.agg: [token-mean, nope]}\n")
+    out = harness("sweep", str(tmp_path / "s.yaml"), "--dry-run")
+    assert out.returncode == 2 and "algo.agg = 'nope'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ray_backend_is_a_clear_message():
+    out = harness("sweep", "sweeps/clipping.yaml", "--backend", "ray", "--no-mlflow")
+    assert out.returncode == 2 and "not implemented yet" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_trainer_is_one_line_and_exit_1(tmp_path):
+    out = harness("run", "configs/frozenlake_tiny.yaml", "--out", str(tmp_path), "--no-mlflow",
+                  HARNESS_TRAIN_FN="no_such_trainer_module:train")
+    assert out.returncode == 1
+    assert out.stderr.strip().count("\n") == 0 and "no_such_trainer_module" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_end_to_end_with_mlflow_under_results(tmp_path):
+    env = {"HARNESS_TRAIN_FN": "fake_trainer:train", "MLFLOW_TRACKING_URI": ""}
+    out = harness("run", str(REPO / "configs/frozenlake_tiny.yaml"), "-o", "train.updates=3", "-o", "train.seed=4",
+                  "--out", str(tmp_path / "res"), cwd=tmp_path, **env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (point,) = (tmp_path / "res" / "frozenlake_tiny").glob("train.updates=3__seed=4__*")
+    summary = json.loads((point / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["seed"] == 4
+    assert (tmp_path / "res" / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    again = harness("run", str(REPO / "configs/frozenlake_tiny.yaml"), "-o", "train.updates=3", "-o", "train.seed=4",
+                    "--out", str(tmp_path / "res"), "--no-mlflow", cwd=tmp_path, **env)
+    assert again.returncode == 0 and "1 skipped" in again.stdout

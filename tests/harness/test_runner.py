@@ -1,0 +1,288 @@
+"""The runner: point folders, skip / retry / resume, failures isolated, SIGKILL and Ctrl-C safety.
+
+Uses the deterministic fake trainer of tests/harness/fake_trainer.py (HARNESS_TRAIN_FN hook).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fake_trainer
+from harness.runner import RunOptions, plan, read_status, run_point, run_sweep
+from harness.sweep import load_sweep
+from harness.tracking import RunLogger, atomic_write_text, read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+BASE = """
+env: {name: frozenlake}
+train: {updates: 6, checkpoint_every: 2}
+tracking: {mlflow: false}
+"""
+
+
+def make_sweep(tmp_path: Path, points: str = "", grid: str = "algo.lr: [1.0e-4, 2.0e-4]", seeds: str = "[0, 1]",
+               base: str = BASE) -> Path:
+    (tmp_path / "base.yaml").write_text(base)
+    body = f"name: s\nbase: base.yaml\ngrid: {{{grid}}}\nseeds: {seeds}\n"
+    if points:
+        body += f"points:\n{points}"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(body)
+    return path
+
+
+def opts(tmp_path: Path, **kw) -> RunOptions:
+    return RunOptions(results=tmp_path / "results", train_fn=fake_trainer.train, **kw)
+
+
+def calls(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / fake_trainer.CALLS)
+
+
+def check_complete(run_dir: Path, seed: int, lr: float, updates: int) -> None:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["update"] for r in rows] == list(range(1, updates + 1))
+    assert [r["env/success"] for r in rows] == [fake_trainer.metric(seed, u, lr) for u in range(1, updates + 1)]
+    assert [r["update"] for r in read_jsonl(run_dir / "samples.jsonl")] == list(range(1, updates + 1))
+
+
+def test_a_sweep_writes_every_point_folder(tmp_path):
+    sweep = load_sweep(make_sweep(tmp_path))
+    result = run_sweep(sweep, opts(tmp_path))
+    assert result.ok and result.counts["done"] == 4
+    for p in sweep.points:
+        d = tmp_path / "results" / "s" / p.id
+        assert read_status(d) == "done"
+        check_complete(d, p.seed, p.config.algo.lr, 6)
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["status"] == "done" and summary["config_hash"] == p.config_hash
+        assert summary["metrics"]["final/success"] == fake_trainer.metric(p.seed, 6, p.config.algo.lr)
+        assert summary["code_version"]["commit"] and summary["packages"]["torch"]
+        assert summary["timings"]["attempts"] == 1 and summary["timings"]["wall_s"] >= 0
+        assert "algo:" in (d / "config.yaml").read_text()
+        assert not [f for f in os.listdir(d) if ".tmp" in f]  # atomic writes leave nothing behind
+    manifest = json.loads((tmp_path / "results" / "s" / "sweep.json").read_text())
+    assert [p["id"] for p in manifest["points"]] == [p.id for p in sweep.points]
+
+
+def test_rerun_skips_done_points(tmp_path):
+    sweep = load_sweep(make_sweep(tmp_path))
+    run_sweep(sweep, opts(tmp_path))
+    again = run_sweep(sweep, opts(tmp_path))
+    assert again.counts["skipped"] == 4 and again.counts["done"] == 0
+    for p in sweep.points:
+        assert len(calls(tmp_path / "results" / "s" / p.id)) == 1
+
+
+def test_failures_do_not_stop_the_sweep_and_are_retried_only_on_request(tmp_path):
+    points = ("  - {label: bad, model.name: fake-fail}\n  - {label: flaky, model.name: fake-flaky}\n"
+              "  - {label: nan, model.name: fake-diverge}\n")
+    sweep = load_sweep(make_sweep(tmp_path, points=points, grid="algo.lr: [1.0e-4]", seeds="[0]"))
+    first = run_sweep(sweep, opts(tmp_path))
+    assert first.counts == {"done": 1, "diverged": 1, "failed": 2, "skipped": 0, "busy": 0}
+    assert not first.ok
+    dirs = {p.variant: tmp_path / "results" / "s" / p.id for p in sweep.points}
+    assert read_status(dirs["bad"]) == "failed"
+    assert "boom from fake-fail" in (dirs["bad"] / "traceback.txt").read_text()
+    assert json.loads((dirs["bad"] / "summary.json").read_text())["error"].startswith("RuntimeError")
+    diverged = json.loads((dirs["nan"] / "summary.json").read_text())
+    assert diverged["status"] == "diverged" and diverged["metrics"] == {"diverged_at": 2}
+
+    assert [a for _, a in plan(sweep, opts(tmp_path))] == ["done", "failed", "failed", "diverged"]
+    second = run_sweep(sweep, opts(tmp_path))
+    assert second.counts["skipped"] == 4
+
+    (dirs["flaky"] / "heal").touch()
+    third = run_sweep(sweep, opts(tmp_path, retry_failed=True))
+    assert third.counts["done"] == 1 and third.counts["failed"] == 1 and third.counts["skipped"] == 2
+    assert read_status(dirs["flaky"]) == "done" and not (dirs["flaky"] / "traceback.txt").exists()
+    assert len(calls(dirs["nan"])) == 1  # diverged is a result: never retried
+
+
+def test_interrupted_point_stays_resumable_and_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[0, 1]"))
+    monkeypatch.setenv("FAKE_INTERRUPT_AT", "5")
+    result = run_sweep(sweep, opts(tmp_path))
+    assert result.interrupted
+    first = tmp_path / "results" / "s" / sweep.points[0].id
+    assert read_status(first) == "running"
+    assert not (tmp_path / "results" / "s" / sweep.points[1].id).exists()  # the sweep stopped
+    monkeypatch.delenv("FAKE_INTERRUPT_AT")
+    assert run_sweep(sweep, opts(tmp_path)).ok
+    assert [c["start"] for c in calls(first)] == [0, 4]
+    check_complete(first, 0, 1e-4, 6)
+
+
+def test_logger_drops_rows_after_the_checkpoint_and_torn_lines(tmp_path):
+    logger = RunLogger(tmp_path)
+    for u in range(1, 6):
+        logger.log(u, {"x": float(u)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"update": 6, "x"')  # a kill mid-append
+    logger = RunLogger(tmp_path)  # resumed
+    logger.truncate_after(3)
+    logger.log(4, {"x": 40.0})
+    assert [(r["update"], r["x"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == \
+        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_logger_never_duplicates_an_update_even_without_truncate(tmp_path):
+    logger = RunLogger(tmp_path)
+    for u in range(0, 4):
+        logger.log(u, {"x": 1.0})
+        logger.log_samples(u, [{"t": u}])
+    logger = RunLogger(tmp_path)  # restarted from scratch (no checkpoint)
+    logger.log_samples(0, [{"t": "again"}])
+    logger.log(0, {"x": 2.0})
+    assert [r["update"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0]
+    assert [r["t"] for r in read_jsonl(tmp_path / "samples.jsonl")] == ["again"]
+
+
+def test_atomic_write_keeps_the_old_content_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old")
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError):
+        atomic_write_text(path, "new")
+    assert path.read_text() == "old"
+
+
+def test_a_point_locked_by_another_process_is_not_run_twice(tmp_path):
+    import fcntl
+
+    sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[0]"))
+    point = sweep.points[0]
+    d = tmp_path / "results" / "s" / point.id
+    d.mkdir(parents=True)
+    with open(d / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert run_point(point, "s", opts(tmp_path))["status"] == "busy"
+    assert run_point(point, "s", opts(tmp_path))["status"] == "done"
+
+
+def test_workers_run_points_in_processes_and_survive_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{REPO}")
+    sweep = load_sweep(make_sweep(tmp_path, points="  - {label: crash, model.name: fake-crash}\n",
+                                  grid="algo.lr: [1.0e-4, 2.0e-4]", seeds="[0]"))
+    o = RunOptions(results=tmp_path / "results", train_fn="fake_trainer:train", workers=2)
+    result = run_sweep(sweep, o)
+    assert result.counts["done"] == 2 and result.counts["failed"] == 1
+    crash = next(p for p in sweep.points if p.variant == "crash")
+    assert "worker process died with exit code 3" in result.errors[crash.id]
+    assert read_status(tmp_path / "results" / "s" / crash.id) == "failed"
+    for p in sweep.points:
+        if p.variant != "crash":
+            check_complete(tmp_path / "results" / "s" / p.id, p.seed, p.config.algo.lr, 6)
+
+
+def test_same_seed_gives_identical_metrics(tmp_path):
+    sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[3]"))
+    run_sweep(sweep, RunOptions(results=tmp_path / "a", train_fn=fake_trainer.train))
+    run_sweep(sweep, RunOptions(results=tmp_path / "b", train_fn=fake_trainer.train))
+    pid = sweep.points[0].id
+    assert (tmp_path / "a" / "s" / pid / "metrics.jsonl").read_bytes() == \
+        (tmp_path / "b" / "s" / pid / "metrics.jsonl").read_bytes()
+
+
+# ----------------------------------------------------------------------------- killing the real CLI
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=f"{HERE}{os.pathsep}{REPO}", HARNESS_TRAIN_FN="fake_trainer:train", **extra)
+    return env
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, workers):
+    sweep_file = make_sweep(tmp_path, grid="algo.lr: [1.0e-4, 2.0e-4, 3.0e-4]", seeds="[0]",
+                            base=BASE.replace("updates: 6", "updates: 12"))
+    sweep = load_sweep(sweep_file)
+    results = tmp_path / "results"
+    dirs = [results / "s" / p.id for p in sweep.points]
+    cmd = [sys.executable, "-m", "harness", "sweep", str(sweep_file), "--results", str(results), "--no-mlflow",
+           "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # kill when one point is done and another is part way (between two checkpoints or past one)
+    def part_way() -> bool:
+        rows = [len(read_jsonl(d / "metrics.jsonl")) for d in dirs]
+        return any(read_status(d) == "done" for d in dirs) and any(
+            read_status(d) == "running" and 5 <= n <= 9 for d, n in zip(dirs, rows))
+
+    _wait_for(part_way, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {d: read_status(d) for d in dirs}
+    assert "done" in before.values() and "running" in before.values()
+
+    rerun = subprocess.run(cmd, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    for p, d in zip(sweep.points, dirs):
+        assert read_status(d) == "done"
+        check_complete(d, p.seed, p.config.algo.lr, 12)
+        starts = [c["start"] for c in calls(d)]
+        if before[d] == "done":
+            assert starts == [0]  # finished before the kill: not recomputed
+        elif before[d] == "running":
+            assert len(starts) == 2 and starts[1] >= 4  # resumed from its checkpoint
+        else:
+            assert starts == [0]
+
+
+def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
+    sweep_file = make_sweep(tmp_path, grid="algo.lr: [1.0e-4, 2.0e-4]", seeds="[0]",
+                            base=BASE.replace("updates: 6", "updates: 40"))
+    sweep = load_sweep(sweep_file)
+    results = tmp_path / "results"
+    dirs = [results / "s" / p.id for p in sweep.points]
+    cmd = [sys.executable, "-m", "harness", "sweep", str(sweep_file), "--results", str(results), "--no-mlflow",
+           "--workers", "2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs), proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "Traceback" not in out
+    assert all(read_status(d) == "running" for d in dirs)
+    rerun = subprocess.run(cmd, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    for p, d in zip(sweep.points, dirs):
+        check_complete(d, p.seed, p.config.algo.lr, 40)
+
+
+def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
+    pytest.importorskip("harness.trainer", reason="the trainer is written in another issue")
+    from harness.sweep import single_point
+
+    overrides = ["train.updates=2", "train.eval_every=1", "train.eval_episodes=2", "rollout.group_size=2",
+                 "rollout.tasks_per_update=2", "model.tiny.pretrain_demos=8", "model.tiny.pretrain_epochs=1",
+                 "env.heldout_tasks=2", "train.checkpoint_every=0", "train.device=cpu", "tracking.mlflow=false"]
+    point = single_point(REPO / "configs" / "frozenlake_tiny.yaml", overrides).points[0]
+    rows = []
+    for out in ("a", "b"):
+        res = run_point(point, "det", RunOptions(results=tmp_path / out))
+        assert res["status"] == "done", res
+        rows.append([{k: v for k, v in r.items() if not k.startswith("perf/")}
+                     for r in read_jsonl(tmp_path / out / "det" / point.id / "metrics.jsonl")])
+    assert rows[0] and rows[0] == rows[1]

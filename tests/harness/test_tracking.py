@@ -1,0 +1,94 @@
+"""MLflow: one run per point in a real local sqlite store, params flattened, one step per update."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+import fake_trainer
+from harness.runner import RunOptions, run_sweep
+from harness.sweep import load_sweep
+from harness.tracking import RunLogger, default_tracking_uri, read_jsonl
+
+pytest.importorskip("mlflow")
+
+
+@pytest.fixture
+def store() -> tuple[str, str]:
+    """The session's sqlite store (tests/conftest.py; created once) and a fresh experiment name."""
+    return os.environ["MLFLOW_TRACKING_URI"], f"exp-{uuid.uuid4().hex[:8]}"
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def test_run_logger_writes_a_run_to_a_local_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a store of its own: created on first use
+    logger = RunLogger(tmp_path / "run", experiment="exp", run_name="point-1", mlflow_uri=uri,
+                       tags={"config_hash": "abcd1234"})
+    logger.log_params({"algo.clip.level": "token", "turns.max": 8})
+    for update in range(3):
+        logger.log(update, {"env/success": 0.1 * update, "loss/policy": float("nan")})
+    logger.close("done")
+
+    c = client(uri)
+    exp = c.get_experiment_by_name("exp")
+    (run,) = c.search_runs([exp.experiment_id])
+    assert run.info.run_name == "point-1" and run.info.status == "FINISHED"
+    assert run.data.params == {"algo.clip.level": "token", "turns.max": "8"}
+    assert run.data.tags["config_hash"] == "abcd1234" and run.data.tags["status"] == "done"
+    history = c.get_metric_history(run.info.run_id, "env/success")
+    assert [(m.step, round(m.value, 6)) for m in history] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+    assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == 3
+    assert exp.artifact_location.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store, not in cwd
+
+
+def test_a_resumed_point_continues_its_mlflow_run(tmp_path, store):
+    uri, exp = store
+    first = RunLogger(tmp_path / "run", experiment=exp, run_name="p", mlflow_uri=uri)
+    first.log(1, {"x": 1.0})
+    first.close("interrupted")
+    second = RunLogger(tmp_path / "run", experiment=exp, run_name="p", mlflow_uri=uri)
+    second.log(2, {"x": 2.0})
+    second.close("done")
+    runs = client(uri).search_runs([client(uri).get_experiment_by_name(exp).experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client(uri).get_metric_history(runs[0].info.run_id, "x")] == [1, 2]
+
+
+def test_sweep_points_become_runs_of_the_sweep_experiment(tmp_path, store):
+    uri, exp = store
+    (tmp_path / "base.yaml").write_text("train: {updates: 2}\n")
+    (tmp_path / "s.yaml").write_text(f"name: {exp}\nbase: base.yaml\ngrid: {{algo.lr: [1.0e-4, 2.0e-4]}}\n"
+                                     "seeds: [0]\n")
+    sweep = load_sweep(tmp_path / "s.yaml")
+    result = run_sweep(sweep, RunOptions(results=tmp_path / "results", mlflow_uri=uri, train_fn=fake_trainer.train))
+    assert result.ok
+    c = client(uri)
+    runs = c.search_runs([c.get_experiment_by_name(exp).experiment_id])
+    assert sorted(r.info.run_name for r in runs) == sorted(p.id for p in sweep.points)
+    for r in runs:
+        assert r.data.params["algo.lr"] in ("0.0001", "0.0002")
+        assert r.data.tags["point_id"] == r.info.run_name
+        assert len(c.get_metric_history(r.info.run_id, "env/success")) == 2
+
+
+def test_default_store_is_under_results_unless_the_env_says_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert default_tracking_uri(tmp_path) == "http://tracking.example:5000"
+
+
+def test_a_broken_store_never_stops_the_run(tmp_path, capsys):
+    (tmp_path / "blocker").write_text("a file where the store's folder should be")
+    uri = f"sqlite:///{tmp_path / 'blocker' / 'mlflow.db'}"
+    logger = RunLogger(tmp_path / "run", experiment="exp", run_name="p", mlflow_uri=uri)
+    logger.log(1, {"x": 1.0})
+    logger.close("done")
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"update": 1, "x": 1.0}]
+    assert "MLflow logging" in capsys.readouterr().err
