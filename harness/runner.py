@@ -223,6 +223,8 @@ def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResu
     """Run every point not finished yet. `progress`: a harness.progress.SweepProgress or None."""
     opts.results = Path(opts.results)
     (opts.results / sweep.name).mkdir(parents=True, exist_ok=True)
+    # the trainer's content-hashed caches (tiny models, SFT) live beside the results unless set
+    os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
     atomic_write_json(opts.results / sweep.name / "sweep.json", sweep.manifest())
     resolve_train_fn(opts.train_fn)  # fail early and clearly when the trainer is missing
     opts.env_info = opts.env_info or environment()
