@@ -23,8 +23,35 @@ def make_optimizer(policy, cfg: RunConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=a.lr, weight_decay=a.weight_decay)
 
 
-def _chunks(idx: torch.Tensor, n: int) -> list[torch.Tensor]:
-    return [c for c in torch.tensor_split(idx, n) if len(c)]
+def _row_traj(batch: TrainBatch) -> torch.Tensor:
+    """(B,) trajectory of each row (rows of one trajectory are contiguous in the batch)."""
+    return batch.traj_id.max(1).values
+
+
+def _minibatches(batch: TrainBatch, n: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Row indices of `n` minibatches made of whole trajectories, in a seeded random order.
+
+    Keeping a trajectory's rows together lets trajectory-level ratios see all its tokens.
+    """
+    traj = _row_traj(batch)
+    order = torch.randperm(int(traj.max()) + 1, generator=generator)
+    rows_of = [torch.nonzero(traj == t).flatten() for t in order.tolist()]
+    return [torch.cat([rows_of[i] for i in part.tolist()])
+            for part in torch.tensor_split(torch.arange(len(rows_of)), n) if len(part)]
+
+
+def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split `rows` into micro-batches of at most `size` rows, never splitting a trajectory
+    (a trajectory longer than `size` rows gets a micro-batch of its own)."""
+    traj = _row_traj(batch)[rows]
+    out, cur = [], []
+    for k in range(len(rows)):
+        starts_traj = k == 0 or traj[k] != traj[k - 1]
+        if cur and starts_traj and len(cur) + int((traj == traj[k]).sum()) > size:
+            out.append(torch.stack(cur))
+            cur = []
+        cur.append(rows[k])
+    return out + ([torch.stack(cur)] if cur else [])
 
 
 def _update_diagnostics(batch: TrainBatch, fwd: Forward, adv: torch.Tensor, cfg: RunConfig) -> dict:
@@ -54,11 +81,10 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     params = policy.actor_parameters() + (policy.critic_parameters() if a.critic.enabled else [])
     steps = 0
     for _ in range(a.epochs):
-        perm = torch.randperm(batch.num_rows, generator=generator)
-        for mb_idx in _chunks(perm, a.minibatches):
+        for mb_idx in _minibatches(batch, a.minibatches, generator):
             agg_params = replace(global_counts(batch.loss_mask[mb_idx]), t_const=a.agg_len)
             optimizer.zero_grad(set_to_none=True)
-            for micro in _chunks(mb_idx, -(-len(mb_idx) // a.micro_batch_size)):
+            for micro in _micro_batches(batch, mb_idx, a.micro_batch_size):
                 mb = batch.rows(micro)
                 T = mb.input_ids.shape[1]
                 pick = lambda x: None if x is None else x[micro, :T]  # noqa: E731

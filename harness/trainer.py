@@ -27,6 +27,8 @@ from envs.vector import VectorEnv
 from harness.batch import build_batch
 from harness.checkpoint import load_checkpoint, save_checkpoint
 from harness.config import RunConfig
+from harness.diagnostics import CollapseMonitor, cross_prompt_similarity
+from harness.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.episode_metrics import episode_metrics, group_reward_stats, sample_rows
 from harness.models import load_policy
 from harness.optimize import make_optimizer, run_update
@@ -76,12 +78,22 @@ class Trainer:
         self.optimizer = make_optimizer(self.policy, cfg)
         self.updates = planned_updates(cfg)
         self.best = {"update": 0, "success": -1.0}
+        self._venvs: dict[int, VectorEnv] = {}
+        self.monitor = CollapseMonitor(stop_on=("echo_trap",) if cfg.train.early_stop_on_collapse else ())
 
     # ------------------------------------------------------------------ rollouts
     def _venv(self, n: int) -> VectorEnv:
-        c = self.cfg.env
-        return VectorEnv(c.name, c.options, reward_density=c.reward_density,
-                         format_penalty=c.format_penalty, n=n, workers=c.workers)
+        """A vector env of `n` instances, kept for the whole run (worker processes start once)."""
+        if n not in self._venvs:
+            c = self.cfg.env
+            self._venvs[n] = VectorEnv(c.name, c.options, reward_density=c.reward_density,
+                                       format_penalty=c.format_penalty, n=n, workers=c.workers)
+        return self._venvs[n]
+
+    def close(self) -> None:
+        for venv in self._venvs.values():
+            venv.close()
+        self._venvs.clear()
 
     def _train_tasks(self, update: int, round_: int) -> list[int]:
         k = self.cfg.rollout.tasks_per_update
@@ -96,13 +108,9 @@ class Trainer:
     def _rollout(self, seeds: list[int], group_size: int, *, greedy: bool, generator, budget: int,
                  first_group: int = 0) -> list[Episode]:
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
-        venv = self._venv(len(tasks))
-        try:
-            return collect(self.policy.model, self.policy.chat, venv, tasks, self.cfg,
-                           turn_budget=budget, greedy=greedy, generator=generator,
-                           instructions=self.instructions)
-        finally:
-            venv.close()
+        return collect(self.policy.model, self.policy.chat, self._venv(len(tasks)), tasks, self.cfg,
+                       turn_budget=budget, greedy=greedy, generator=generator,
+                       instructions=self.instructions)
 
     def _filtered_rollout(self, update: int, budget: int) -> tuple[list[Episode], list[Episode], dict]:
         """Rollout + group filter; dapo's dynamic sampling refills up to max_extra_rounds."""
@@ -157,6 +165,7 @@ class Trainer:
         if resumed is not None:
             start, state = resumed
             self.best = state["best"]
+            self.monitor.load_state_dict(state["collapse"])
             self.logger.truncate_after(start)
         else:
             init = self.evaluate(0)
@@ -172,14 +181,20 @@ class Trainer:
                 state["last_eval"] = last_eval
                 metrics.update(last_eval)
                 self._track_best(update, last_eval)
+            metrics.update(self.monitor.update(update, metrics))
             self.logger.log(update, metrics)
             self.progress({"update": update, "updates": self.updates,
                            "success": metrics.get("env/success", 0.0),
                            "elapsed": time.time() - t_start})
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
-                state["best"] = self.best
+                state["best"], state["collapse"] = self.best, self.monitor.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
+            if self.monitor.should_stop:
+                state["best"], state["collapse"] = self.best, self.monitor.state_dict()
+                save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
+                break
         if self.updates == 0 and resumed is None:
+            state["collapse"] = self.monitor.state_dict()
             save_checkpoint(self.run_dir, 0, modules, self.optimizer, state)
         self.policy.save_adapter(self.run_dir / "adapter")
         return self._summary(state, last_eval)
@@ -199,11 +214,24 @@ class Trainer:
         batch = build_batch(kept, concatenated=c.context.resolved_layout == "concatenated",
                             mask_observations=c.context.mask_observations, pad_id=self.policy.chat.pad_id)
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
+        metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
+            [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps])
+        if c.train.mi_every and update % c.train.mi_every == 0:
+            metrics.update(self._mi(all_eps))
         metrics["train/skipped_empty"] = 0.0
         metrics["perf/rollout_s"] = t_roll
         metrics["perf/update_s"] = time.time() - t0 - t_roll
         metrics["perf/rollout_tokens"] = float(sum(len(s.action_ids) for e in all_eps for s in e.steps))
         return metrics
+
+    def _mi(self, eps: list[Episode]) -> dict[str, float]:
+        """RAGEN-2 MI proxy on first-turn (prompt, response) pairs of distinct tasks."""
+        pairs = distinct_prompt_pairs([e.steps[0].obs_ids for e in eps if e.steps],
+                                      [e.steps[0].action_ids for e in eps if e.steps], self.cfg.train.mi_prompts)
+        if len(pairs[0]) < 2:
+            return {}
+        return mi_proxy(self.policy.model, pairs[0], pairs[1], batch_size=self.cfg.algo.micro_batch_size,
+                        pad_id=self.policy.chat.pad_id, temperature=self.cfg.rollout.temperature)
 
     def _track_best(self, update: int, ev: dict[str, float]) -> None:
         s = ev.get("eval_greedy/success", 0.0)
@@ -217,9 +245,15 @@ class Trainer:
         out["best/eval_greedy/success"] = self.best["success"]
         out["best/update"] = float(self.best["update"])
         out["updates"] = float(self.updates)
+        out["collapsed_at"] = self.monitor.collapsed_at
+        out["collapse_events"] = self.monitor.events
         return out
 
 
 def train(cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None) -> dict:
     """Run (or resume) one point; return its summary metrics."""
-    return Trainer(cfg, run_dir, logger, progress).run()
+    trainer = Trainer(cfg, run_dir, logger, progress)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
