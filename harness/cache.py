@@ -65,8 +65,9 @@ def build_once(root: Path, key: str, build: Callable[[Path], dict], meta: dict |
     with FileLock(str(root / f".{key}.lock")):
         if (final / DONE).exists():
             return final, False
+        for stale in root.glob(f".{key}.tmp-*"):  # left by a killed build (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".{key}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
             t0 = time.time()

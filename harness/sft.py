@@ -96,6 +96,32 @@ def encode_demo(chat: ChatFormat, demo: Demo, max_len: int) -> tuple[list[int], 
     return ids, mask
 
 
+def demo_examples(chat: ChatFormat, demo: Demo, max_len: int, context=None) -> list[tuple[list[int], list[int]]]:
+    """Training examples of one demonstration under a context policy (`config.ContextConfig`).
+
+    None / full: one concatenated sequence (`encode_demo`). obs_truncate: the same with each
+    observation cut as the rollout shows it. window / single: one sequence per turn, the context
+    the rollout would build (`harness.context.build_context`) + that turn's action (loss on it).
+    """
+    if context is None or context.policy == "full":
+        return [encode_demo(chat, demo, max_len)]
+    from dataclasses import replace
+
+    from harness.context import APPEND_ONLY, build_context, shown_observation, system_ids
+
+    shown = [shown_observation(chat, o, context) for o in demo.observations]
+    if context.policy in APPEND_ONLY:
+        return [encode_demo(chat, replace(demo, observations=shown), max_len)]
+    system, segments, actions, out = system_ids(chat, demo.instructions), [], [], []
+    for t, action in enumerate(demo.actions):
+        segments.append(chat.observation(shown[t]))
+        ctx_ids, act = build_context(context, system, segments, actions), chat.action(action)
+        if len(ctx_ids) + len(act) <= max_len:
+            out.append((ctx_ids + act, [0] * len(ctx_ids) + [1] * len(act)))
+        actions.append(act)
+    return out
+
+
 def length_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
                    window: int = 32) -> list[list[int]]:
     """Shuffled batches of similar-length examples: shuffle, sort within windows of
@@ -145,13 +171,16 @@ def _schedule(total_steps: int, warmup_frac: float, min_lr_frac: float) -> Calla
 
 def sft_train(model: nn.Module, chat: ChatFormat, episodes: Sequence[Any], epochs: int, lr: float,
               batch_size: int, seed: int, max_len: int, *, weight_decay: float = 0.0, warmup_frac: float = 0.05,
-              min_lr_frac: float = 0.1, grad_clip: float = 1.0, log: Callable[[dict], None] | None = None) -> dict:
+              min_lr_frac: float = 0.1, grad_clip: float = 1.0, context=None,
+              log: Callable[[dict], None] | None = None) -> dict:
     """Train the trainable parameters of `model` on expert demonstrations; return metrics.
 
     AdamW, linear warm-up then cosine decay to `min_lr_frac * lr`, gradient clipping. The loss is
     on action tokens only (see the module docstring). `episodes`: Demos or episodes `to_demo` reads.
+    `context`: a ContextConfig to train in the layout that context policy gives (`demo_examples`);
+    None = the full concatenated history. `batch_size` counts training sequences.
     """
-    examples = [encode_demo(chat, to_demo(e), max_len) for e in episodes]
+    examples = [x for e in episodes for x in demo_examples(chat, to_demo(e), max_len, context)]
     examples = [x for x in examples if any(x[1])]
     if not examples or epochs <= 0:
         return {"sft/examples": len(examples), "sft/steps": 0}
@@ -206,8 +235,19 @@ def sft_cache_key(cfg, base_info: dict) -> str:
     return content_hash({"base": base_info["base"], "env": _env_key(cfg), "finetune": cfg.model.finetune,
                          "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
                          "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
+                         "context": _context_key(cfg.context),
                          "dtype": cfg.model.dtype, "seed": SFT_SEED, "demo_start": _demo_start(base_info),
                          "code": _code_key()})
+
+
+def _context_key(ctx) -> dict:
+    """The context settings that change SFT examples (only those: unrelated keys share the cache)."""
+    key = {"policy": ctx.policy}
+    if ctx.policy == "window":
+        key["window"] = ctx.window
+    if ctx.policy == "obs_truncate":
+        key["obs_tokens"] = ctx.obs_tokens
+    return key
 
 
 def _demo_start(base_info: dict) -> int:
@@ -218,7 +258,7 @@ def sft_warmup(cfg, source: str, base_info: dict, cache_dir, device) -> tuple[st
     """The SFT warm-up of the base model at `source` (cached): returns (folder of the warmed-up full
     model, provenance). LoRA fine-tuning trains an adapter (seed SFT_SEED) and merges it; full
     fine-tuning trains all weights. Demonstrations are expert episodes on train seeds not used by
-    the tiny model's pre-training."""
+    the tiny model's pre-training, laid out as the configured context policy shows them."""
     from pathlib import Path
 
     from harness.cache import build_once, read_record
@@ -234,7 +274,7 @@ def sft_warmup(cfg, source: str, base_info: dict, cache_dir, device) -> tuple[st
         max_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
         train = wrap_lora(model, cfg.model.lora, SFT_SEED) if cfg.model.finetune == "lora" else model
         s = cfg.sft
-        metrics = sft_train(train, chat, demos, s.epochs, s.lr, s.batch_size, SFT_SEED, max_len)
+        metrics = sft_train(train, chat, demos, s.epochs, s.lr, s.batch_size, SFT_SEED, max_len, context=cfg.context)
         if cfg.model.finetune == "lora":
             model = train.merge_and_unload()
         model.save_pretrained(str(out))

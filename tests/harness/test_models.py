@@ -1,0 +1,177 @@
+"""The policy: tiny-model build and cache, LoRA reference, adapters, value head, load errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+import harness.models as models
+from harness.config import RunConfig
+from harness.errors import ConfigError
+from harness.models import ModelError, init_tiny_model, load_policy
+from harness.sft import collect_demos
+from harness.tokenizer import episode_text, train_tokenizer
+
+
+def small_cfg(**over) -> RunConfig:
+    """A tiny model that builds in about a second."""
+    cfg = RunConfig.model_validate({
+        "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                           "vocab_size": 320, "max_position": 256, "pretrain_demos": 12, "pretrain_epochs": 1,
+                           "pretrain_batch_size": 4},
+                  "lora": {"r": 4, "alpha": 8}},
+        "train": {"seed": 3}})
+    for key, value in over.items():
+        obj, *path, leaf = [cfg, *key.split(".")]
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, leaf, value)
+    return cfg
+
+
+def _ids(policy, n=2):
+    demos = collect_demos("frozenlake", {}, n)[0]
+    rows = [policy.chat.encode(episode_text(d.instructions, d.observations, d.actions)) for d in demos]
+    T = min(len(r) for r in rows)
+    ids = torch.tensor([r[:T] for r in rows])
+    return ids, torch.ones_like(ids)
+
+
+def _logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def _entry(root):
+    """The one complete cache entry under root (lock files and temporary folders start with '.')."""
+    (entry,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    return entry
+
+
+def test_tiny_init_is_deterministic():
+    demos = collect_demos("frozenlake", {}, 8)[0]
+    tok = train_tokenizer([episode_text(d.instructions, d.observations, d.actions) for d in demos], 300)
+    tiny = small_cfg().model.tiny
+    a, b, c = (init_tiny_model(tiny, tok, s) for s in (0, 0, 1))
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["model.embed_tokens.weight"], c.state_dict()["model.embed_tokens.weight"])
+    assert a.config.tie_word_embeddings and a.config.vocab_size == len(tok)
+
+
+def test_build_cache_hit_and_determinism(tmp_path, monkeypatch):
+    cfg = small_cfg()
+    p1 = load_policy(cfg, tmp_path / "a", "cpu")
+    assert p1.info["base_built"] and p1.info["base_info"]["pretrain"]["sft/steps"] == 3
+    entry = _entry(tmp_path / "a" / "models")
+    record = json.loads((entry / "DONE.json").read_text())
+    assert record["info"]["parameters"] > 0 and record["info"]["demo_seed_index"] == 12
+
+    def no_build(*_):
+        raise AssertionError("rebuilt despite a complete cache entry")
+
+    monkeypatch.setattr(models, "_build_tiny", no_build)
+    p2 = load_policy(cfg, tmp_path / "a", "cpu")
+    assert not p2.info["base_built"]
+    s1, s2 = p1.model.state_dict(), p2.model.state_dict()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    monkeypatch.undo()
+    p3 = load_policy(cfg, tmp_path / "b", "cpu")  # a fresh build elsewhere: bit-identical
+    assert p3.info["base_built"]
+    s3 = p3.model.state_dict()
+    assert all(torch.equal(s1[k], s3[k]) for k in s1)
+    other = small_cfg(**{"model.tiny.pretrain_demos": 8})
+    assert models.tiny_cache_key(other) != models.tiny_cache_key(cfg)
+    assert models.tiny_cache_key(small_cfg(**{"train.seed": 9})) == models.tiny_cache_key(cfg)
+
+
+@pytest.fixture(scope="module")
+def lora_policy(tmp_path_factory):
+    return load_policy(small_cfg(), tmp_path_factory.mktemp("cache"), "cpu")
+
+
+def test_lora_reference_is_base_and_stays(lora_policy, tmp_path):
+    p = lora_policy
+    ids, mask = _ids(p)
+    base = AutoModelForCausalLM.from_pretrained(p.model.peft_config["default"].base_model_name_or_path).eval()
+    base_logits = _logits(base, ids, mask)
+    with p.reference() as ref:
+        assert ref is p.model  # no second copy
+        torch.testing.assert_close(_logits(ref, ids, mask), base_logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(_logits(p.model, ids, mask), base_logits, rtol=0, atol=1e-6)  # B = 0 at start
+    trainable = p.actor_parameters()
+    assert trainable and all("lora_" in n for n, q in p.model.named_parameters() if q.requires_grad)
+    opt = torch.optim.SGD(trainable, lr=1.0)
+    from harness.logprobs import token_logprobs
+    for _ in range(2):  # two steps: the first only moves B (A's gradient is 0 while B = 0)
+        opt.zero_grad()
+        (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
+        opt.step()
+    assert not torch.allclose(_logits(p.model, ids, mask), base_logits, atol=1e-4)
+    with p.reference() as ref:
+        torch.testing.assert_close(_logits(ref, ids, mask), base_logits, rtol=0, atol=1e-6)
+
+    p.save_adapter(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    fresh = AutoModelForCausalLM.from_pretrained(p.model.peft_config["default"].base_model_name_or_path)
+    loaded = PeftModel.from_pretrained(fresh, str(tmp_path / "adapter")).eval()
+    torch.testing.assert_close(_logits(loaded, ids, mask), _logits(p.model, ids, mask), rtol=0, atol=1e-6)
+
+
+def test_value_head_shapes_and_gradients(lora_policy):
+    p = lora_policy
+    ids, mask = _ids(p)
+    mask[1, -3:] = 0
+    v = p.values(ids, mask)
+    assert v.shape == ids.shape and v.dtype == torch.float32 and torch.all(v == 0)  # zero-initialised
+    (v - 1.0).pow(2).mul(mask).sum().backward()
+    assert p.value_head.proj.weight.grad.abs().sum() > 0
+    assert {id(q) for q in p.critic_parameters()}.isdisjoint({id(q) for q in p.actor_parameters()})
+    assert set(p.trainable_modules()) == {"model", "value_head"}
+    p.model.zero_grad(set_to_none=True)
+    p.value_head.zero_grad(set_to_none=True)
+
+
+def test_full_finetune_reference_is_a_frozen_copy(tmp_path):
+    p = load_policy(small_cfg(**{"model.finetune": "full"}), tmp_path, "cpu")
+    ids, mask = _ids(p)
+    with p.reference() as ref:
+        before = _logits(ref, ids, mask)
+        assert ref is not p.model and not any(q.requires_grad for q in ref.parameters())
+    opt = torch.optim.SGD(p.actor_parameters(), lr=0.5)
+    from harness.logprobs import token_logprobs
+    (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
+    opt.step()
+    assert not torch.allclose(_logits(p.model, ids, mask), before, atol=1e-4)
+    with p.reference() as ref:
+        torch.testing.assert_close(_logits(ref, ids, mask), before, rtol=0, atol=0)
+
+
+def test_sft_warmup_is_cached_and_is_the_reference(tmp_path, monkeypatch):
+    cfg = small_cfg(**{"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3})
+    p = load_policy(cfg, tmp_path, "cpu")
+    assert p.info["sft_built"] and p.info["sft_info"]["demo_seeds"][0] == 12  # after the pre-training demos
+    ids, mask = _ids(p)
+    base = AutoModelForCausalLM.from_pretrained(str(_entry(tmp_path / "models")))
+    with p.reference() as ref:
+        warm = _logits(ref, ids, mask)
+    assert not torch.allclose(warm, _logits(base.eval(), ids, mask), atol=1e-4)  # the reference is the SFT model
+    monkeypatch.setattr("harness.sft.sft_train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
+    q = load_policy(small_cfg(**{"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3,
+                                 "train.seed": 5}), tmp_path, "cpu")
+    assert not q.info["sft_built"]
+    with q.reference() as ref:
+        torch.testing.assert_close(_logits(ref, ids, mask), warm, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/model/dir", "./no-such-model", "no-such-org/no-such-model-xyz"])
+def test_unavailable_model_is_a_clear_error(tmp_path, name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError) as err:
+        load_policy(small_cfg(**{"model.name": name}), tmp_path, "cpu")
+    assert isinstance(err.value, ConfigError)
+    msg = str(err.value)
+    assert "model.name" in msg and name in msg and "tiny" in msg and "\n" not in msg
