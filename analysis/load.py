@@ -202,8 +202,10 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
     else:
         problems += [f"no {f}" for f in ("config.yaml", "summary.json") if not (pdir / f).is_file()]
     metrics = (summary or {}).get("metrics") or {}
-    collapsed = metrics.get("collapsed_at")
-    row["collapse_recorded"] = "collapsed_at" in metrics
+    # the collapse detector's verdict: in the summary metrics, or at the summary's top level
+    source = metrics if "collapsed_at" in metrics else summary or {}
+    collapsed = source.get("collapsed_at")
+    row["collapse_recorded"] = "collapsed_at" in source
     for k, v in flatten({k: v for k, v in metrics.items() if k != "collapsed_at"}).items():
         row[k] = v
     if isinstance(collapsed, dict):
@@ -256,7 +258,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
         overrides = p.get("overrides") or {}
         for a in meta.axes:
             row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
-        row["_sweep_label"] = p.get("label")
+        row.update(_sweep_label=p.get("label"), _variant=p.get("variant"), _is_baseline=p.get("is_baseline"))
+        if row.get("config_hash") is None:
+            row["config_hash"] = p.get("config_hash")
         rows.append(row)
     df = pd.DataFrame(rows)
     df["seed"] = df["seed"].astype("Int64")  # <NA> where no seed is known
@@ -270,29 +274,33 @@ def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
 
 
 def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> pd.DataFrame:
-    """`label` names the cell (all seeds of one axis combination); baseline cell first."""
+    """`cell` groups the seeds of one variant (the runner's variant slug, else the axis values);
+    `label` names it (the sweep's label, else the axis values); baseline cell first."""
     axes = meta.axes
-    keys = [cell_key(r, axes) for _, r in df.iterrows()]
-    base_key = cell_key(meta.baseline, axes) if meta.baseline else (keys[0] if keys else "all")
-    if base_key not in keys and keys:
+    by_axes = [cell_key(r, axes) for _, r in df.iterrows()]
+    keys = [v if isinstance(v, str) and v else k for v, k in zip(df["_variant"], by_axes)]
+    flagged = [k for k, b in zip(keys, df["_is_baseline"]) if b is True]
+    wanted = cell_key(meta.baseline, axes) if meta.baseline else None
+    matched = [k for k, a in zip(keys, by_axes) if a == wanted]
+    base_key = (flagged or matched or keys or ["all"])[0]
+    if not flagged and not matched and keys and meta.baseline:
         meta.problems.append(f"baseline {meta.baseline} matches no point; using the first point's cell")
-        base_key = keys[0]
-    labels: dict[str, str] = {}
-    for k, lab in zip(keys, df["_sweep_label"]):
-        if k not in labels and isinstance(lab, str) and lab:
-            labels[k] = lab
     short = short_axis_names(axes)
-    for k, (_, r) in zip(keys, df.iterrows()):
-        if k not in labels:
-            labels[k] = ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes) if len(axes) > 1 \
-                else (format_value(r.get(axes[0])) if axes else "all")
+    labels: dict[str, str] = {}
+    for k, lab, (_, r) in zip(keys, df["_sweep_label"], df.iterrows()):
+        if k not in labels or (isinstance(lab, str) and lab and labels[k] != lab):
+            labels[k] = lab if isinstance(lab, str) and lab else (
+                ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes) if len(axes) > 1
+                else format_value(r.get(axes[0])) if axes else "all")
+    if len(set(labels.values())) < len(labels):  # axis values do not tell two variants apart
+        labels = {k: k for k in labels}
     order = list(dict.fromkeys([base_key] + keys))
     df["cell"] = keys
     df["label"] = [labels[k] for k in keys]
     df["is_baseline"] = [k == base_key for k in keys]
     df["_order"] = [order.index(k) for k in keys]
     df = df.sort_values(["_order", "seed"], kind="stable", na_position="last")
-    return df.drop(columns=["_order", "_sweep_label"]).reset_index(drop=True)
+    return df.drop(columns=["_order", "_sweep_label", "_variant", "_is_baseline"]).reset_index(drop=True)
 
 
 def short_axis_names(axes: list[str]) -> dict[str, str]:

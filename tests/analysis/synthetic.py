@@ -1,11 +1,12 @@
-"""Synthetic results folders with known answers (the layout `harness sweep` writes)."""
+"""Synthetic results folders with known answers (the layout `harness sweep` writes).
+
+A plain module, not conftest.py: tests import these builders by name (`from synthetic import ...`)."""
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
 SEEDS = [0, 1, 2]
@@ -49,13 +50,14 @@ def curve_rows(final: float, seed: int, collapse: int | None, updates: int = 10)
 
 
 def make_clip_sweep(root: Path, with_sweep_json: bool = True, drop: tuple = ()) -> Path:
-    """3 clip levels x 3 seeds. ppo = baseline; dual = ppo + 0.25 on every seed; none: seeds 0, 1
+    """sweep.json as harness.sweep.Sweep.manifest writes it. 3 clip levels x 3 seeds. ppo = baseline; dual = ppo + 0.25 on every seed; none: seeds 0, 1
     collapsed, seed 2 failed. `drop` = point ids whose folders are not written (missing)."""
     points = []
     for level in FINAL:
         for seed in SEEDS:
             pid = f"clip.level={level}__seed{seed}"
-            points.append({"id": pid, "label": None, "overrides": {"algo.clip.level": level}, "seed": seed})
+            points.append({"id": pid, "variant": f"clip.level={level}", "label": None, "seed": seed,
+                           "overrides": {"algo.clip.level": level}, "config_hash": None, "is_baseline": level == "ppo"})
             if pid in drop:
                 continue
             final = FINAL[level][seed]
@@ -73,11 +75,6 @@ def make_clip_sweep(root: Path, with_sweep_json: bool = True, drop: tuple = ()) 
                                          "metrics": {}}))
     if with_sweep_json:
         (root / "sweep.json").write_text(json.dumps({
-            "name": "clip", "axes": ["algo.clip.level"], "baseline": {"algo.clip.level": "ppo"},
-            "seeds": SEEDS, "points": points}))
+            "name": "clip", "description": "", "axes": ["algo.clip.level"], "baseline": {"algo.clip.level": "ppo"},
+            "baseline_variant": "clip.level=ppo", "seeds": SEEDS, "points": points}))
     return root
-
-
-@pytest.fixture
-def clip_sweep(tmp_path: Path) -> Path:
-    return make_clip_sweep(tmp_path / "clip")

@@ -3,7 +3,7 @@ import json
 import math
 
 import pytest
-from conftest import base_config, curve_rows, make_clip_sweep, write_point
+from synthetic import base_config, curve_rows, make_clip_sweep, write_point
 
 from analysis import AnalysisError, load_curves, load_results
 from analysis.load import resolve_metric
@@ -101,3 +101,22 @@ def test_not_a_results_folder_is_one_paragraph_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AnalysisError, match="no points"):
         load_results(tmp_path / "empty")
+
+
+def test_runner_flags_win_and_collapse_may_sit_at_the_summary_top_level(clip_sweep):
+    sweep = json.loads((clip_sweep / "sweep.json").read_text())
+    sweep["baseline"] = {"algo.clip.level": "stale"}  # the is_baseline flags decide
+    for p in sweep["points"]:
+        p["is_baseline"] = p["variant"] == "clip.level=dual"
+        p["label"] = "DUAL" if p["variant"] == "clip.level=dual" else None
+    (clip_sweep / "sweep.json").write_text(json.dumps(sweep))
+    s = clip_sweep / "clip.level=ppo__seed0" / "summary.json"
+    summary = json.loads(s.read_text())
+    summary["collapsed_at"] = {"update": 3, "reason": "kl_spike"}
+    summary["metrics"].pop("collapsed_at")
+    s.write_text(json.dumps(summary))
+    df = load_results(clip_sweep)
+    assert list(dict.fromkeys(df["label"])) == ["DUAL", "ppo", "none"]
+    assert df.loc[df["is_baseline"], "cell"].unique().tolist() == ["clip.level=dual"]
+    row = df[df["point"] == "clip.level=ppo__seed0"].iloc[0]
+    assert row["collapsed_at"] == 3 and row["collapsed_reason"] == "kl_spike"

@@ -5,7 +5,7 @@ import sys
 import pandas as pd
 import pytest
 import typer
-from conftest import make_clip_sweep
+from synthetic import make_clip_sweep
 from typer.testing import CliRunner
 
 from analysis.load import AnalysisError

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_clip_sweep
+from synthetic import make_clip_sweep
 
 from analysis.table import render, table_for
 
