@@ -114,8 +114,8 @@ class _LargestOutput(TorchDispatchMode):
 
 def test_no_full_vocab_tensor_is_materialized():
     """The largest tensor made in forward + backward is one (chunk, V) block, not (B, T, V)."""
-    V, chunk = 1000, 16
-    model, (ids, mask) = _model(vocab=V), _batch(vocab=V, B=2, T=48)
+    V, chunk = 1000, 8
+    model, (ids, mask) = _model(vocab=V), _batch(vocab=V, B=3, T=40)
     hid = hidden_states(model, ids, mask).detach().requires_grad_(True)
     with _LargestOutput() as spy:
         lp, ent = logprobs_from_hidden(model, hid, ids, mask, chunk_size=chunk, with_entropy=True)
