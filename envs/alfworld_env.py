@@ -92,9 +92,20 @@ def official_games(folder: str, task_types: tuple[str, ...]) -> tuple[Path, ...]
             continue
         if not any(part.startswith(t + "-") for part in path.parts for t in task_types):
             continue
-        if '"solvable": true' in path.read_text():
+        if _solvable(path):
             games.append(path)
     return tuple(games)
+
+
+def _solvable(path: Path) -> bool:
+    """alfworld-generate writes "solvable" after the long domain/grammar/problem strings, so
+    the file's tail settles it without reading thousands of large files whole."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 16384))
+        tail = handle.read().decode("utf-8", "replace")
+    if '"solvable"' not in tail:
+        tail = path.read_text()
+    return '"solvable": true' in tail
 
 
 def _memoized(parse, size: int = 8192):
@@ -175,6 +186,7 @@ class AlfWorld(TextGameEnv):
         self._state = None
         self._plan: list[str] = []
         self._plan_key = ""
+        self._walkthrough: list[str] = []
         self.source, self._splits = self._resolve_source()
 
     def _resolve_source(self):
@@ -252,12 +264,10 @@ class AlfWorld(TextGameEnv):
         if path != self._path:
             env.load(str(path))
             self._path = path
-            walkthrough = json.loads(path.read_text()).get("walkthrough") or []
-        else:
-            walkthrough = []
+            self._walkthrough = list(env._game_data.get("walkthrough") or [])
         self._state = env.reset()
         view = self._view(self._state["feedback"])
-        self._plan, self._plan_key = (list(walkthrough), view.state_key) if walkthrough else ([], "")
+        self._plan, self._plan_key = list(self._walkthrough), view.state_key
         intro = compact_lines(self._state["feedback"].replace("-= Welcome to TextWorld, ALFRED! =-", ""))
         room, _, goal = intro.partition("Your task is to:")
         view.feedback = room.strip()

@@ -138,7 +138,7 @@ class TextGameEnv(TurnEnv):
     def render(self) -> str:
         commands = self.view.commands
         if self.over():
-            return ""
+            return "You won." if self.view.won else "Game over."
         if self.options.action_format == "choice":
             return "\n".join([ACTIONS_HEADER] + [f"{i}. {c}" for i, c in enumerate(commands, 1)])
         return f"{ACTIONS_HEADER} {' | '.join(commands)}"

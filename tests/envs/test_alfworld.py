@@ -166,3 +166,17 @@ def test_missing_official_data_is_a_clear_error(tmp_path):
         AlfWorld({"source": "official", "data_dir": str(tmp_path / "nothing")})
     with pytest.raises(Exception, match="task types"):
         AlfWorld({"task_types": ["pick_and_fly"]})
+
+
+def test_parser_caches_keep_behaviour_and_sys_argv(cache, monkeypatch):
+    import sys
+
+    from envs.alfworld_env import _memoized
+
+    calls = []
+    parse = _memoized(lambda text, rule_name="x": calls.append(text) or [{"t": text}])
+    a, b = parse("abc", rule_name="x"), parse("abc", rule_name="x")
+    assert a == b and a is not b and a[0] is not b[0] and calls == ["abc"]
+    monkeypatch.setattr(sys, "argv", ["harness", "run"])
+    make(cache).reset(3)  # fast-downward's translator rewrites sys.argv; we restore it
+    assert sys.argv == ["harness", "run"]
