@@ -214,7 +214,9 @@ def _resolve_source(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
 def load_pretrained(source: str, dtype: torch.dtype):
     """(model, tokenizer) from a folder or a Hugging Face id; ModelError when unavailable."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # no per-load progress bars in run logs
     offline = _offline()
     try:
         tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)

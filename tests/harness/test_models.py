@@ -175,3 +175,41 @@ def test_unavailable_model_is_a_clear_error(tmp_path, name, monkeypatch):
     assert isinstance(err.value, ConfigError)
     msg = str(err.value)
     assert "model.name" in msg and name in msg and "tiny" in msg and "\n" not in msg
+
+
+def _racer(root, out, barrier):
+    from harness.cache import build_once
+
+    def build(tmp):
+        with open(out, "a") as f:
+            f.write("built\n")
+        import time
+        time.sleep(0.3)  # a slow build: the other process must wait, not build again
+        (tmp / "weights.bin").write_bytes(b"x")
+        return {"ok": True}
+
+    barrier.wait()
+    build_once(root, "k", build)
+
+
+def test_parallel_points_build_once(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(3)
+    procs = [ctx.Process(target=_racer, args=(tmp_path / "c", tmp_path / "log", barrier)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert all(p.exitcode == 0 for p in procs)
+    assert (tmp_path / "log").read_text() == "built\n"
+    assert (tmp_path / "c" / "k" / "weights.bin").exists() and (tmp_path / "c" / "k" / "DONE.json").exists()
+    assert not list((tmp_path / "c").glob(".k.tmp-*"))
+
+
+def test_local_path_and_dtype(lora_policy):
+    name = lora_policy.model.peft_config["default"].base_model_name_or_path
+    p = load_policy(small_cfg(**{"model.name": name, "model.dtype": "bfloat16"}), "/nonexistent-cache", "cpu")
+    assert p.info["base"] == name and next(p.model.parameters()).dtype == torch.bfloat16
+    assert p.chat.eot_id == lora_policy.chat.eot_id
