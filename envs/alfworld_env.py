@@ -4,7 +4,8 @@ Two sources of games (option `source`):
 * "official": ALFWorld's `game.tw-pddl` files under `data_dir` (default `$ALFWORLD_DATA`, as
   written by `alfworld-download`): split folders `train`, `valid_seen`, `valid_unseen`
   (directly or under `json_2.1.1/`); unsolvable, "movable" and "Sliced" games are skipped,
-  as ALFWorld's own loader does. Train tasks play `train`, held-out tasks `heldout_split`.
+  as ALFWorld's own loader does. Train tasks play `train`, held-out tasks `heldout_split`;
+  each split is ordered so that task types alternate (any first n seeds cover them evenly).
 * "generated": games written by `envs.alfworld_gen` from the ALFRED layouts and tables the
   alfworld package ships (no download), cached under `cache_dir`, one per task seed.
 * "auto" (default): official when its `train` games are found, else generated. The choice is
@@ -22,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -84,17 +86,21 @@ def split_dir(root: Path, split: str) -> Path | None:
 
 @lru_cache(maxsize=16)
 def official_games(folder: str, task_types: tuple[str, ...]) -> tuple[Path, ...]:
-    """Solvable games of one official split folder, sorted."""
-    games = []
+    """Solvable games of one official split folder, in a fixed order that interleaves the
+    task types (so any first n seeds cover them evenly), shuffled within a type."""
+    by_type: dict[str, list[Path]] = {t: [] for t in task_types}
     for path in sorted(Path(folder).rglob("game.tw-pddl")):
         name = str(path.relative_to(folder))
         if "movable" in name or "Sliced" in name:
             continue
-        if not any(part.startswith(t + "-") for part in path.parts for t in task_types):
-            continue
-        if _solvable(path):
-            games.append(path)
-    return tuple(games)
+        task_type = next((t for t in task_types if name.startswith(t + "-")
+                          or f"/{t}-" in f"/{name}"), None)
+        if task_type is not None and _solvable(path):
+            by_type[task_type].append(path)
+    for games in by_type.values():
+        random.Random(0).shuffle(games)
+    longest = max(map(len, by_type.values()), default=0)
+    return tuple(games[i] for i in range(longest) for games in by_type.values() if i < len(games))
 
 
 def _solvable(path: Path) -> bool:
@@ -152,7 +158,8 @@ def _alfworld_wrappers():
     TextWorld's PDDL text generator re-parses the same few grammar and logic snippets with
     tatsu for every admissible command at every step (~75% of a step); their parses are
     memoized here (results are deep-copied, so behaviour is unchanged): ~3x faster steps.
-    fast-downward's translation of a problem is cached too (resets of a game seen before)."""
+    The parse of a game's grammar (on load) and fast-downward's translation of its problem
+    (on load and reset) are cached too, for the instances of a group playing one game."""
     try:
         from textworld.envs.pddl.pddl import PddlEnv, fast_downward_missing
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -160,11 +167,12 @@ def _alfworld_wrappers():
     if fast_downward_missing:
         raise ImportError("ALFWorld games need fast-downward: pip install 'textworld[pddl]'")
     import fast_downward
+    import textworld.envs.pddl.logic as game_logic
     import textworld.envs.pddl.textgen as textgen
     import textworld.logic as logic
-    for module in (textgen, logic):
+    for module, size in ((textgen, 8192), (logic, 8192), (game_logic, 32)):  # 32 grammars
         if not getattr(module._parse_and_convert, "memoized", False):
-            module._parse_and_convert = _memoized(module._parse_and_convert)
+            module._parse_and_convert = _memoized(module._parse_and_convert, size)
     if not getattr(fast_downward.pddl2sas, "memoized", False):
         fast_downward.pddl2sas = _translation_cache(fast_downward.pddl2sas)
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler

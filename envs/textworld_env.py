@@ -180,8 +180,8 @@ class TextWorld(TextGameEnv):
     def _view(self, feedback: str) -> GameView:
         s = self._state
         points, max_points = float(s["score"] or 0), float(s["max_score"] or 1)
-        if self.options.score == "progress":
-            left = len(s["policy_commands"] or ()) if not s["won"] else 0
+        if self.options.score == "progress":  # no known way to win (lost): no progress
+            left = 0 if s["won"] else len(s["policy_commands"] or ()) or self._policy_length
             points, max_points = self._policy_length - left, self._policy_length
         facts = sorted(map(str, s["_facts"]))
         return GameView(feedback=clean_feedback(feedback), commands=list(s["admissible_commands"]),

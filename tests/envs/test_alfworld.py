@@ -158,6 +158,8 @@ def test_official_data_folder_is_used_when_present(cache, tmp_path, monkeypatch)
     env = AlfWorld({"cache_dir": str(cache), "data_dir": str(root)})
     assert env.source == "official"
     assert len(env._splits["train"]) == 2 and len(env._splits["heldout"]) == 1
+    order = [p.parts[-3].split("-")[0] for p in env._splits["train"]]
+    assert order == ["pick_and_place_simple", "look_at_obj_in_light"]  # types interleaved
     assert expert_run(env, 0).info["won"] and expert_run(env, 1).info["won"]
 
 
