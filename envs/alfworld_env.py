@@ -21,6 +21,7 @@ to hidden objects. Reward: 1.0 on success (the game has no intermediate points).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import random
@@ -36,6 +37,10 @@ from envs.registry import ENVS
 from envs.text_game import (GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines,
                             pick_file, state_digest)
 
+for _package in ("textworld", "fast_downward"):  # both are imported on first use
+    if importlib.util.find_spec(_package) is None:
+        raise ImportError(f"ALFWorld games need the {_package} package "
+                          "(pip install 'textworld[pddl]' alfworld)")
 GEN_VERSION = 1          # bump when the generator changes what a seed produces
 GENERATION_ATTEMPTS = 10
 HIDDEN_COMMANDS = ("help",)  # its feedback is a long command reference

@@ -16,21 +16,23 @@ reset), which rewards every step toward the goal and penalises detours.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import re
 import warnings
 from collections import deque
 from pathlib import Path
 from typing import Literal
 
-import textworld
 from pydantic import Field
-from textworld.generator import compile_game, make_game
-from textworld.generator.chaining import QuestGenerationError
 
 from envs.registry import ENVS
 from envs.text_game import (GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines,
                             home_dir, pick_file, split_files, state_digest)
 
+if importlib.util.find_spec("textworld") is None:  # textworld itself is imported on first use
+    raise ImportError("the textworld package is not installed (pip install textworld)")
+TEXTWORLD_VERSION = importlib.metadata.version("textworld")
 GENERATION_ATTEMPTS = 20  # quest generation can fail for a seed; retry with derived seeds
 SEARCH_NODES = 50_000     # budget of the breadth-first fallback expert
 
@@ -55,7 +57,7 @@ class TextWorldOptions(TextGameOptions):
 def game_path(options: TextWorldOptions, seed: int) -> Path:
     """The cached game of task `seed` (generated on first use)."""
     tag = (f"w{options.world_size}-o{options.nb_objects}-q{options.quest_length}"
-           f"-tw{textworld.__version__}")
+           f"-tw{TEXTWORLD_VERSION}")
     target = Path(options.cache_dir) / tag / f"seed{seed}.z8"
     target.parent.mkdir(parents=True, exist_ok=True)
 
@@ -67,6 +69,10 @@ def game_path(options: TextWorldOptions, seed: int) -> Path:
 
 
 def _generate(options: TextWorldOptions, seed: int, path: Path) -> Path:
+    import textworld
+    from textworld.generator import compile_game, make_game
+    from textworld.generator.chaining import QuestGenerationError
+
     last_error: Exception | None = None
     for attempt in range(GENERATION_ATTEMPTS):
         game_options = textworld.GameOptions()
@@ -159,6 +165,7 @@ class TextWorld(TextGameEnv):
         with warnings.catch_warnings():  # jericho: "not fully supported" (TextWorld games are)
             warnings.filterwarnings("ignore", message=".*is not fully supported")
             if self._env is None:
+                import textworld
                 infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True,
                                            score=True, max_score=True, won=True, lost=True,
                                            inventory=True, objective=True)
