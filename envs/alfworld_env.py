@@ -241,6 +241,7 @@ class AlfWorld(TextGameEnv):
     def _generate(self, seed: int, task_type: str, tmp: Path) -> Path:
         """Write one generated game, kept only if the planner's walkthrough wins it."""
         o = self.options
+        self._path = None  # the interpreter is about to hold candidates, not a task
         for attempt in range(GENERATION_ATTEMPTS):
             data = alfworld_gen.make_game_data(seed, task_type, o.max_receptacles,
                                                o.nb_distractors, attempt)
@@ -255,7 +256,6 @@ class AlfWorld(TextGameEnv):
                 data.update(solvable=True, walkthrough=plan)
                 path = tmp / "game.tw-pddl"
                 path.write_text(json.dumps(data))
-                self._path = None  # the interpreter now holds this candidate, not a task
                 return path
         raise RuntimeError(f"could not generate a solvable ALFWorld {task_type} game for seed "
                            f"{seed} in {GENERATION_ATTEMPTS} attempts")
