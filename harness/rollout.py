@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from harness.chat import ChatFormat
 from harness.config import RunConfig, TurnsConfig
@@ -63,6 +63,30 @@ def final_turn_note(turns: TurnsConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- batched KV cache
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer in a buffer that doubles when full: appending a token costs
+    O(1) amortised instead of DynamicLayer's O(T) concatenation, so late turns stay cheap."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.set(key_states[..., :0, :], value_states[..., :0, :])
+        n, L = self.keys.shape[-2], key_states.shape[-2]
+        if n + L > self._k.shape[-2]:
+            cap = max(n + L, 2 * self._k.shape[-2], 64)
+            k = self._k.new_empty(*key_states.shape[:2], cap, key_states.shape[3])      # (B, H, cap, D)
+            v = self._v.new_empty(*value_states.shape[:2], cap, value_states.shape[3])
+            k[..., :n, :], v[..., :n, :] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[..., n:n + L, :], self._v[..., n:n + L, :] = key_states, value_states
+        self.keys, self.values = self._k[..., :n + L, :], self._v[..., :n + L, :]
+        return self.keys, self.values
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the contents (after rows were selected or holes squeezed out)."""
+        self._k, self._v, self.keys, self.values = keys, values, keys, values
+
+
 class KVBatch:
     """Rows of token streams sharing one DynamicCache: left padding, holes, explicit masks."""
 
@@ -74,16 +98,19 @@ class KVBatch:
         if self.attn not in ("sdpa", "eager"):
             raise ValueError(f"the rollout engine needs attn_implementation 'sdpa' or 'eager' (explicit "
                              f"4D masks with holes), got {self.attn!r}")
+        layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
+            raise ValueError(f"the rollout engine supports full-attention models only, got layer types "
+                             f"{sorted(layer_types)}")
         self.reset(0)
 
     def reset(self, rows: int) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = Cache(layer_class_to_replicate=GrowingLayer)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)   # (B, T) real slots
         self.length = torch.zeros(rows, dtype=torch.long, device=self.device)   # (B,) real tokens
 
     def _layers(self):
-        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None
-                and layer.keys.numel() > 0]
+        return [layer for layer in self.cache.layers if layer.is_initialized]
 
     def select(self, rows: list[int]) -> None:
         """Keep `rows` (in this order) and squeeze out holes: real slots move right, padding left."""
@@ -94,10 +121,9 @@ class KVBatch:
         order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T:]
         self.mask = mask.gather(1, order)  # (B, T)
         for layer in self._layers():
-            for name in ("keys", "values"):
-                x = getattr(layer, name)[idx]  # (B, H, T_old, D)
-                g = order[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])
-                setattr(layer, name, x.gather(2, g))
+            k, v = layer.keys[idx], layer.values[idx]  # (B, H, T_old, D)
+            g = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            layer.set(k.gather(2, g), v.gather(2, g))
 
     def feed(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """Append ids (B, L) whose slots are real where `real` (B, L); logits of the last slot (B, V)."""
@@ -185,6 +211,17 @@ def _env_error(info: dict) -> str | None:
     return None if err in (None, False, "") else str(err)
 
 
+@dataclass
+class _Play:
+    """One episode in progress: its record, the current observation and the segments so far."""
+
+    episode: Episode
+    obs: str
+    info: dict
+    segments: list[list[int]]   # observation segments as shown (observation format, turn 0 included)
+    actions: list[list[int]]    # sampled action ids
+
+
 def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: RunConfig, *,
             generator: torch.Generator, instructions: str, turn_budget: int | None = None,
             greedy: bool = False, reuse_cache: bool = True, timings: list[dict] | None = None
@@ -196,26 +233,21 @@ def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: Ru
     (pass `turn_budget_at(update, cfg.turns)` for the curriculum). reuse_cache=False prefills
     append-only contexts from scratch every turn (benchmark baseline; same results).
     timings: if a list, one dict per turn is appended (rows, prefill tokens, generated tokens,
-    seconds of generation). Deterministic given `generator` on CPU.
+    seconds of generation). Deterministic given `generator` on CPU. An episode whose reset
+    reports info["env_error"] comes back with no steps and `env_error` set.
     """
     n_env = getattr(venv, "n", len(tasks))
     if n_env != len(tasks):
         raise ValueError(f"collect: the vector env holds {n_env} environments for {len(tasks)} tasks")
     budget = turn_budget if turn_budget is not None else cfg.turns.max
-    ro, ctx, note = cfg.rollout, cfg.context, final_turn_note(cfg.turns)
-    incremental = ctx.policy in APPEND_ONLY and reuse_cache
-    episodes = [Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget) for s, g in tasks]
-    obs, infos = map(list, zip(*venv.reset([s for s, _ in tasks])))
+    plays = [_Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [])
+             for (s, g), (obs, info) in zip(tasks, venv.reset([s for s, _ in tasks]))]
     system = system_ids(chat, instructions)
-    check_prompt_split(chat, instructions, obs[0])
-    segments: list[list[list[int]]] = [[] for _ in tasks]
-    actions: list[list[list[int]]] = [[] for _ in tasks]
-    alive = []
-    for b, info in enumerate(infos):
-        if (err := _env_error(info)) is not None:
-            episodes[b].env_error = err
-        else:
-            alive.append(b)
+    check_prompt_split(chat, instructions, plays[0].obs)
+    for p in plays:
+        p.episode.env_error = _env_error(p.info)
+    alive = [p for p in plays if p.episode.env_error is None]
+    incremental = cfg.context.policy in APPEND_ONLY and reuse_cache
     kv, encoded = KVBatch(model, chat.pad_id), {}
     kv.reset(len(alive))
     was_training = model.training
@@ -226,63 +258,68 @@ def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: Ru
                 if not alive:
                     break
                 last = t == budget - 1
-                contexts, new_ids = [], []
-                for b in alive:
-                    text = shown_observation(chat, obs[b], ctx) + (f"\n{note}" if last and note else "")
-                    segments[b].append(chat.observation(text))
-                    full = build_context(ctx, system, segments[b], actions[b]) if ctx.policy != "full" else None
-                    contexts.append(full)
-                    if incremental:
-                        prev = actions[b][-1][-1:] if t > 0 else system
-                        new_ids.append(prev + segments[b][-1])
-                    else:
-                        new_ids.append(full if full is not None else
-                                       build_context(ctx, system, segments[b], actions[b]))
+                contexts, new_ids = _turn_inputs(chat, cfg, alive, system, t, last, incremental)
                 if not incremental:
                     kv.reset(len(alive))
-                tries = [_trie(chat, infos[b].get("admissible"), encoded) for b in alive] if ro.constrain else None
+                tries = [_trie(chat, p.info.get("admissible"), encoded) for p in alive] if cfg.rollout.constrain else None
                 t0 = time.perf_counter()
-                out = generate_turn(kv, new_ids, tries, eot_id=chat.eot_id, max_new_tokens=ro.max_new_tokens,
-                                    temperature=ro.temperature, top_p=ro.top_p, greedy=greedy, generator=generator)
+                out = generate_turn(kv, new_ids, tries, eot_id=chat.eot_id, max_new_tokens=cfg.rollout.max_new_tokens,
+                                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, greedy=greedy,
+                                    generator=generator)
                 if timings is not None:
                     timings.append({"turn": t, "rows": len(alive), "prefill_tokens": sum(map(len, new_ids)),
                                     "new_tokens": sum(map(len, out.ids)), "seconds": time.perf_counter() - t0})
                 texts = [chat.decode_action(ids) for ids in out.ids]
-                row_of = {b: i for i, b in enumerate(alive)}
-                results = venv.step([texts[row_of[b]] if b in row_of else None for b in range(len(tasks))])
-                keep = []
-                for i, b in enumerate(alive):
-                    ended = _record(episodes[b], t, i, out, texts[i], contexts[i], segments[b], system,
-                                    obs[b], infos[b], results[b], cfg.turns.overflow_penalty, last)
-                    actions[b].append(out.ids[i])
-                    if not ended:
-                        obs[b], infos[b] = results[b].observation, results[b].info
-                        keep.append(i)
+                row = {id(p): i for i, p in enumerate(alive)}
+                results = venv.step([texts[row[id(p)]] if id(p) in row else None for p in plays])
+                results = [r for p, r in zip(plays, results) if id(p) in row]  # aligned with alive
+                keep = [i for i, p in enumerate(alive)
+                        if not _record(p, t, i, out, texts[i], contexts[i], system, results[i],
+                                       cfg.turns.overflow_penalty, last)]
                 alive = [alive[i] for i in keep]
                 if incremental and alive:
                     kv.select(keep)
     finally:
         model.train(was_training)
-    return episodes
+    return [p.episode for p in plays]
 
 
-def _record(ep: Episode, t: int, i: int, out: TurnOutput, text: str, context: list[int] | None,
-            segments: list[list[int]], system: list[int], observation: str, info_before: dict, res,
-            penalty: float, last: bool) -> bool:
-    """Append turn t's StepRecord to `ep`; finish the episode when it ends. Returns ended."""
-    info = {k: v for k, v in res.info.items() if k != "admissible"}
+def _turn_inputs(chat: ChatFormat, cfg: RunConfig, alive: list[_Play], system: list[int], t: int,
+                 last: bool, incremental: bool) -> tuple[list, list[list[int]]]:
+    """Append turn t's shown observation segment to every live episode; return the contexts to
+    record (None for policy full) and the ids to prefill (new tokens only when incremental)."""
+    note = final_turn_note(cfg.turns)
+    contexts, new_ids = [], []
+    for p in alive:
+        text = shown_observation(chat, p.obs, cfg.context) + (f"\n{note}" if last and note else "")
+        p.segments.append(chat.observation(text))
+        context = None
+        if cfg.context.policy != "full" or not incremental:
+            context = build_context(cfg.context, system, p.segments, p.actions)
+        contexts.append(None if cfg.context.policy == "full" else context)
+        # incremental: the previous action's last token was sampled but never fed
+        new_ids.append((p.actions[-1][-1:] if t > 0 else system) + p.segments[-1] if incremental else context)
+    return contexts, new_ids
+
+
+def _record(p: _Play, t: int, i: int, out: TurnOutput, text: str, context: list[int] | None,
+            system: list[int], res, penalty: float, last: bool) -> bool:
+    """Append turn t's StepRecord; advance or finish the episode. Returns True when it ended."""
+    ep, info = p.episode, {k: v for k, v in res.info.items() if k != "admissible"}
     err = _env_error(res.info)
     done = bool(res.done) or err is not None
     truncated = last and not done
     overflow = out.overflow[i]
     reward = float(res.reward) - (penalty if (overflow or truncated) else 0.0)
     ep.steps.append(StepRecord(
-        turn=t, obs_ids=(system + segments[-1]) if t == 0 else segments[-1], context_ids=context,
-        action_ids=out.ids[i], sampler_logprobs=out.logprobs[i], action_text=text, observation=observation,
+        turn=t, obs_ids=(system + p.segments[-1]) if t == 0 else p.segments[-1], context_ids=context,
+        action_ids=out.ids[i], sampler_logprobs=out.logprobs[i], action_text=text, observation=p.obs,
         reward=reward, done=done, overflow=overflow, format_error=bool(res.info.get("format_error", False)),
-        state_key=str(info_before.get("state_key", "")), info=info,
-        unconstrained_logprobs=out.raw_logprobs[i]))
+        state_key=str(p.info.get("state_key", "")), info=info, unconstrained_logprobs=out.raw_logprobs[i]))
+    p.actions.append(out.ids[i])
     if done or truncated:
         ep.won, ep.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))
         ep.truncated, ep.env_error = truncated, err
-    return done or truncated
+        return True
+    p.obs, p.info = res.observation, res.info
+    return False
