@@ -307,8 +307,9 @@ def _record(p: _Play, t: int, i: int, out: TurnOutput, text: str, context: list[
     """Append turn t's StepRecord; advance or finish the episode. Returns True when it ended."""
     ep, info = p.episode, {k: v for k, v in res.info.items() if k != "admissible"}
     err = _env_error(res.info)
-    done = bool(res.done) or err is not None
-    truncated = last and not done
+    env_truncated = bool(res.info.get("truncated", False)) and err is None  # VectorEnv max_turns
+    done = (bool(res.done) and not env_truncated) or err is not None
+    truncated = env_truncated or (last and not done)
     overflow = out.overflow[i]
     reward = float(res.reward) - (penalty if (overflow or truncated) else 0.0)
     ep.steps.append(StepRecord(

@@ -365,3 +365,24 @@ def test_bench_helpers_smoke(chat):
     assert r["speedup"] > 0 and r["batched_tokens_per_s"] > 0
     r = bench_turn_cost(model, chat, cfg, batch=2, turns=3, repeats=1)
     assert r["reuse_ratio"] > 0 and r["no_reuse_ratio"] > 0
+
+
+def test_with_real_vector_env(chat):
+    """The real VectorEnv contract (frozenlake, in-process), constrained and free decoding."""
+    from envs.vector import VectorEnv
+    model = eot_biased(chat, eot_bias=0.0)
+    for constrain in (True, False):
+        cfg = make_cfg(rollout__constrain=constrain, turns__overflow_penalty=0.1)
+        with VectorEnv("frozenlake", n=4, max_turns=3) as venv:
+            eps = collect(model, chat, venv, [(0, 0), (0, 0), (2, 1), (2, 1)], cfg,
+                          generator=torch.Generator().manual_seed(0), instructions=venv.instructions)
+        for ep in eps:
+            assert 1 <= ep.num_turns <= 3 and ep.env_error is None
+            if ep.truncated:
+                assert not ep.steps[-1].done and ep.steps[-1].reward <= -0.1 + 1e-9
+            seq, targets = concatenated(ep)
+            if not constrain:
+                assert max_logprob_error(model, seq, targets, 1.0) < 1e-4
+            else:
+                assert all(s.unconstrained_logprobs is not None for s in ep.steps)
+                assert all(s.action_text in ("up", "down", "left", "right") for s in ep.steps)
