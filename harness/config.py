@@ -36,6 +36,9 @@ class TinyModelConfig(Strict):
                             "learning (cached by content hash under results/.cache, shared by all points).", ge=0)
     pretrain_epochs: int = F(3, "Epochs of that pre-training.", ge=0)
     pretrain_lr: float = F(1e-3, "Learning rate of that pre-training (AdamW).", gt=0)
+    pretrain_batch_size: int = F(16, "Episodes per batch of that pre-training.", ge=1)
+    init_seed: int = F(0, "Seed of the tiny model's initialisation and pre-training order; independent of "
+                       "train.seed so that every point of a sweep shares one base model.")
 
 
 class LoraConfig(Strict):
@@ -212,6 +215,8 @@ class TrainConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = F("auto", "Where the model runs.")
     threads: int = F(0, "torch CPU threads (0 = torch's default).", ge=0)
     early_stop_on_collapse: bool = F(False, "Stop when the echo-trap detector fires (RAGEN).")
+    mi_every: int = F(10, "Mutual-information proxy of template collapse (RAGEN-2) every k updates; 0 = off.", ge=0)
+    mi_prompts: int = F(16, "Distinct prompts N of the MI proxy (its estimate is at most log N).", ge=2)
 
 
 class TrackingConfig(Strict):
@@ -238,8 +243,8 @@ class RunConfig(Strict):
         if a.adv.estimator == "gae" and self.context.resolved_layout != "concatenated":
             raise ValueError("algo.adv.estimator 'gae' needs context.layout 'concatenated' (values along "
                              "one token stream per trajectory)")
-        if a.clip.eps_high < a.clip.eps_low and a.clip.level != "none":
-            pass  # allowed (clip-lower), unusual but not contradictory
+        from algorithms.normalization import check_norm_compatible
+        check_norm_compatible(a.adv.estimator, a.adv.norm)
         if self.sft.budget is not None and self.sft.demos * self.sft.demo_cost > self.sft.budget:
             raise ValueError(f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
                              f"sft.budget = {self.sft.budget}")
