@@ -62,8 +62,8 @@ class SweepProgress:
         self.name, self.total, self.done, self.workers = name, total, finished, max(1, workers)
         self.pending_updates = sum(to_run_updates)
         if self.plain:
-            self.console.print(f"sweep {name}: {total} points, {finished} already finished, "
-                               f"{len(to_run_updates)} to run (workers={self.workers})", highlight=False)
+            self._say(f"sweep {name}: {total} points, {finished} already finished, "
+                      f"{len(to_run_updates)} to run (workers={self.workers})")
         else:
             self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4,
                               transient=False)
@@ -74,7 +74,7 @@ class SweepProgress:
             self.running[point_id] = _Running(updates)
             self.pending_updates = max(0, self.pending_updates - updates)
         if self.plain:
-            self._say(f"[{self._finished + 1}/{self.total}] start {point_id}")
+            self._say(f"start {point_id}  ({self._finished}/{self.total} finished)")
 
     def point_update(self, point_id: str, info: dict[str, Any]) -> None:
         with self._lock:
@@ -131,10 +131,8 @@ class SweepProgress:
         return text
 
     def _say(self, text: str) -> None:
-        if self._live is not None:
-            self._live.console.print(text, highlight=False)
-        else:
-            self.console.print(text, highlight=False)
+        console = self._live.console if self._live is not None else self.console
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def render(self) -> Group:
         with self._lock:

@@ -116,3 +116,34 @@ def test_run_end_to_end_with_mlflow_under_results(tmp_path):
     again = harness("run", str(REPO / "configs/frozenlake_tiny.yaml"), "-o", "train.updates=3", "-o", "train.seed=4",
                     "--out", str(tmp_path / "res"), "--no-mlflow", cwd=tmp_path, **env)
     assert again.returncode == 0 and "1 skipped" in again.stdout
+
+
+def test_progress_plain_lines_and_live_view():
+    import io
+
+    from rich.console import Console
+
+    from harness.progress import SweepProgress
+
+    buf = io.StringIO()
+    plain = SweepProgress(Console(file=buf, force_terminal=False, width=60), plain_every_s=0)
+    plain.begin("s", total=3, finished=1, to_run_updates=[3, 3])
+    plain.point_start("p1", 3)
+    for k in (1, 2, 3):
+        plain.point_update("p1", {"update": k, "updates": 3, "success": 0.5})
+    plain.point_end("p1", "done", 1.0)
+    plain.end()
+    text = buf.getvalue()
+    assert "sweep s: 3 points, 1 already finished, 2 to run" in text
+    assert "p1: update 3/3  success 0.50" in text and "[2/3] done p1" in text
+    assert plain.eta() is not None  # one point (3 updates) left at the measured rate
+
+    live = SweepProgress(Console(file=io.StringIO(), force_terminal=True, width=120))
+    live.begin("s", total=2, finished=0, to_run_updates=[4, 4])
+    live.point_start("p1", 4)
+    live.point_update("p1", {"update": 2, "updates": 4, "success": 1.0})
+    rendered = Console(file=io.StringIO(), width=120)
+    rendered.print(live.render())
+    live.end()
+    out = rendered.file.getvalue()
+    assert "0/2 points" in out and "update 2/4" in out and "success 1.00" in out
