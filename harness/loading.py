@@ -294,11 +294,14 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
             problems.append(choice_message(key, value, registry.names()) + _origin_note(key, origins))
     envs = env_registry()
     if envs is not None:
-        if cfg.env.name not in envs:
-            problems.append(choice_message("env.name", cfg.env.name, envs.names())
+        from envs.registry import env_class
+
+        try:
+            options_model = env_class(cfg.env.name).Options
+        except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
+            problems.append(choice_message("env.name", cfg.env.name, getattr(e, "choices", envs.names()))
                             + _origin_note("env.name", origins))
         else:
-            options_model = envs.get(cfg.env.name).Options
             try:
                 options = options_model.model_validate(cfg.env.options)
             except ValidationError as e:

@@ -147,15 +147,15 @@ def _read_spec(path: Path) -> SweepSpec:
         raise ConfigError(error_paragraph(str(path), validation_lines(e, SweepSpec))) from None
 
 
-def _base(spec: SweepSpec, path: Path) -> tuple[dict, str]:
+def _base(spec: SweepSpec, path: Path) -> dict:
     if isinstance(spec.base, str):
-        base_path = (path.parent / spec.base)
+        base_path = path.parent / spec.base
         raw = read_yaml(base_path, what=f"base config (from {path})")
         source = str(base_path)
     else:
         raw, source = spec.base, f"{path} (base)"
     validate_run_config(raw, source)  # a broken base is reported against its own file
-    return raw or {}, source
+    return raw or {}
 
 
 def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any], str]]:
@@ -253,7 +253,7 @@ def load_sweep(path: str | Path) -> Sweep:
     src = str(path)
     if len(set(spec.seeds)) != len(spec.seeds):
         raise ConfigError(f"{src}: seeds {spec.seeds} contain duplicates.")
-    base, _ = _base(spec, path)
+    base = _base(spec, path)
     variants = _variants(spec, src)
     axes = declared_axes(spec, variants)
     points: list[Point] = []
