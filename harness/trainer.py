@@ -12,6 +12,7 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -208,6 +209,8 @@ class Trainer:
         metrics = {**episode_metrics(all_eps, "env", self.markers), **group_reward_stats(all_eps), **fstats,
                    "env/turn_budget": float(budget)}
         self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
+        # an environment error ends an episode early with a meaningless return: never train on it
+        kept = [e for e in kept if e.steps and e.env_error is None]
         if not kept:
             metrics["train/skipped_empty"] = 1.0
             return metrics
@@ -219,9 +222,11 @@ class Trainer:
         if c.train.mi_every and update % c.train.mi_every == 0:
             metrics.update(self._mi(all_eps))
         metrics["train/skipped_empty"] = 0.0
-        metrics["perf/rollout_s"] = t_roll
-        metrics["perf/update_s"] = time.time() - t0 - t_roll
         metrics["perf/rollout_tokens"] = float(sum(len(s.action_ids) for e in all_eps for s in e.steps))
+        metrics["perf/train_tokens"] = float(batch.attention_mask.sum())
+        # wall times vary between identical runs: they go to timings.jsonl, so that
+        # metrics.jsonl stays bit-identical for the same config and seed
+        self._timing(update, rollout_s=t_roll, update_s=time.time() - t0 - t_roll)
         return metrics
 
     def _mi(self, eps: list[Episode]) -> dict[str, float]:
@@ -232,6 +237,10 @@ class Trainer:
             return {}
         return mi_proxy(self.policy.model, pairs[0], pairs[1], batch_size=self.cfg.algo.micro_batch_size,
                         pad_id=self.policy.chat.pad_id, temperature=self.cfg.rollout.temperature)
+
+    def _timing(self, update: int, **seconds: float) -> None:
+        with open(self.run_dir / "timings.jsonl", "a") as f:
+            f.write(json.dumps({"update": update, **seconds}) + "\n")
 
     def _track_best(self, update: int, ev: dict[str, float]) -> None:
         s = ev.get("eval_greedy/success", 0.0)
