@@ -184,9 +184,10 @@ class Trainer:
                 self._track_best(update, last_eval)
             metrics.update(self.monitor.update(update, metrics))
             self.logger.log(update, metrics)
+            # eval metrics ride along on evaluation updates (pruners of `harness tune` read them)
             self.progress({"update": update, "updates": self.updates,
-                           "success": metrics.get("env/success", 0.0),
-                           "elapsed": time.time() - t_start})
+                           "success": metrics.get("env/success", 0.0), "elapsed": time.time() - t_start,
+                           **{k: v for k, v in metrics.items() if k.startswith("eval_")}})
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
