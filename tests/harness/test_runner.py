@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,15 +213,20 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, workers):
-    sweep_file = make_sweep(tmp_path, grid="algo.lr: [1.0e-4, 2.0e-4, 3.0e-4]", seeds="[0]",
-                            base=BASE.replace("updates: 6", "updates: 12"))
+def _cli_sweep(tmp_path: Path, lrs: str, updates: int, workers: int) -> tuple[Any, list[Path], list[str]]:
+    """A one-seed sweep over algo.lr: (sweep, its point folders, the `harness sweep` command)."""
+    sweep_file = make_sweep(tmp_path, grid=f"algo.lr: [{lrs}]", seeds="[0]",
+                            base=BASE.replace("updates: 6", f"updates: {updates}"))
     sweep = load_sweep(sweep_file)
     results = tmp_path / "results"
-    dirs = [results / "s" / p.id for p in sweep.points]
     cmd = [sys.executable, "-m", "harness", "sweep", str(sweep_file), "--results", str(results), "--no-mlflow",
            "--workers", str(workers)]
+    return sweep, [results / "s" / p.id for p in sweep.points], cmd
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, workers):
+    sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4, 3.0e-4", 12, workers)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     # kill when one point is done and another is part way (between two checkpoints or past one)
@@ -250,13 +256,7 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
 
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
-    sweep_file = make_sweep(tmp_path, grid="algo.lr: [1.0e-4, 2.0e-4]", seeds="[0]",
-                            base=BASE.replace("updates: 6", "updates: 40"))
-    sweep = load_sweep(sweep_file)
-    results = tmp_path / "results"
-    dirs = [results / "s" / p.id for p in sweep.points]
-    cmd = [sys.executable, "-m", "harness", "sweep", str(sweep_file), "--results", str(results), "--no-mlflow",
-           "--workers", "2"]
+    sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4", 40, workers=2)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for(lambda: all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs), proc)
