@@ -22,11 +22,9 @@ from algorithms.types import AdvantageInputs, AdvantageParams, AggParams, ClipPa
 from algorithms.utils import turn_rewards_to_tokens
 from harness.batch import TrainBatch
 from harness.config import RunConfig
+from harness.errors import Diverged  # noqa: F401  (non-finite loss or gradient: the point is "diverged")
 from harness.logprobs import token_logprobs
 
-
-class Diverged(RuntimeError):
-    """The loss or the gradient became non-finite: the run is marked diverged."""
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""`harness bench`: speed and memory as ratios against a baseline measured in the same process.
+
+Nothing here is pass/fail: each benchmark reports both sides and their ratio next to the
+target the trainer issue set.
+
+- rollout throughput, batched (B=16) vs one episode at a time          target >= 5x
+- generation cost of turn 8 vs turn 1, concatenated layout, KV reuse   target <= 1.5x
+- one update vs TRL's GRPOTrainer step, same model / LoRA / tokens     target <= 1.0x the time
+- peak memory of the log-prob computation vs a naive log-softmax      target <= 0.25x
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from harness.config import RunConfig
+
+
+def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
+    from harness.rollout_bench import bench_batched_vs_sequential, bench_turn_cost
+    thr = bench_batched_vs_sequential(policy.model, policy.chat, cfg, batch=batch, turns=4)
+    turn = bench_turn_cost(policy.model, policy.chat, cfg, batch=batch, turns=8)
+    return {"rollout_batched_vs_sequential": thr, "turn8_vs_turn1": turn}
+
+
+def bench_logprob_memory(policy, batch: int = 8, length: int = 512) -> dict:
+    from harness.logprobs import peak_memory_ratio
+    g = torch.Generator().manual_seed(0)
+    vocab = policy.model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    return peak_memory_ratio(policy.model, ids, torch.ones_like(ids), chunk_size=256)
+
+
+class _NullLogger:
+    def log(self, *a) -> None: ...
+    def log_samples(self, *a) -> None: ...
+    def truncate_after(self, *a) -> None: ...
+
+
+def _single_turn(cfg: RunConfig) -> RunConfig:
+    """The single-turn case of the comparison: one turn, no evaluation, no MI proxy."""
+    d = cfg.model_dump()
+    d["turns"].update({"max": 1, "curriculum": []})
+    d["train"].update({"eval_every": 0, "mi_every": 0})
+    d["algo"].update({"epochs": 1, "minibatches": 1})
+    return RunConfig.model_validate(d)
+
+
+def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], int]:
+    """Seconds of our rollout + update per step (first step is warm-up); completion tokens/step."""
+    from harness.trainer import Trainer
+    cfg = _single_turn(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        tr = Trainer(cfg, Path(tmp), _NullLogger())
+        try:
+            times, tokens = [], 0
+            for k in range(steps + 1):
+                t0 = time.perf_counter()
+                m = tr._one_update(k + 1)
+                times.append(time.perf_counter() - t0)
+                tokens = int(m.get("perf/rollout_tokens", 0))
+        finally:
+            tr.close()
+    return times[1:], tokens
+
+
+def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
+    """Seconds per GRPOTrainer step on the same base model, LoRA config and batch shape."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from envs import make_env
+    from harness.chat import prompt_text
+    from harness.models import load_policy
+    from harness.trainer import cache_dir
+
+    policy = load_policy(cfg, cache_dir(), "cpu")
+    # the plain base model; TRL adds the same LoRA adapter itself (peft_config below)
+    base = policy.model.unload() if hasattr(policy.model, "unload") else policy.model
+    env = make_env(cfg.env.name, cfg.env.options)
+    prompts = []
+    for seed in type(env).task_seeds("train", cfg.rollout.tasks_per_update * (steps + 1), cfg.env.options):
+        obs, _ = env.reset(seed)
+        prompts.append(prompt_text(env.instructions, obs))
+    valid = {"up", "down", "left", "right"}
+
+    def reward(completions, **_):  # cheap and env-like: 1 for a valid move
+        return [float(c.strip().lower() in valid) for c in completions]
+
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    ro, lora = cfg.rollout, cfg.model.lora
+    n = ro.tasks_per_update * ro.group_size
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=n, num_generations=ro.group_size,
+                          max_completion_length=ro.max_new_tokens, max_steps=steps + 1, report_to=[],
+                          use_cpu=True, beta=cfg.algo.kl.coef, temperature=ro.temperature,
+                          learning_rate=cfg.algo.lr, save_strategy="no", disable_tqdm=True,
+                          logging_steps=10**6, seed=cfg.train.seed)
+        trainer = GRPOTrainer(model=base, reward_funcs=reward, args=args, processing_class=policy.tokenizer,
+                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()],
+                              peft_config=LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=list(lora.target_modules)))
+        trainer.train()
+    return times[1:], float(n * ro.max_new_tokens)
+
+
+def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout", "memory", "trl")) -> dict:
+    """Every benchmark in one process; each entry reports both sides and the ratio."""
+    from harness.models import load_policy
+    from harness.trainer import cache_dir
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    out: dict = {"threads": torch.get_num_threads()}
+    policy = load_policy(cfg, cache_dir(), "cpu")
+    policy.model.eval()
+    if "rollout" in parts:
+        out.update(bench_rollout(policy, cfg))
+    if "memory" in parts:
+        out["logprob_peak_memory"] = bench_logprob_memory(policy)
+    if "trl" in parts:
+        ours, tokens = ours_update_seconds(cfg, steps)
+        trl, trl_tokens = trl_step_seconds(cfg, steps)
+        out["update_vs_trl_grpo"] = {
+            "ours_s": statistics.median(ours), "trl_s": statistics.median(trl),
+            "ratio": statistics.median(ours) / statistics.median(trl),
+            "ours_completion_tokens": tokens, "trl_max_completion_tokens": trl_tokens,
+            "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size}
+    return out
