@@ -63,6 +63,7 @@ def _generator(seed: int, *salt: int) -> torch.Generator:
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None):
         self.cfg, self.run_dir, self.logger = cfg, Path(run_dir), logger
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress or (lambda _: None)
         seed_everything(cfg.train.seed)
         if cfg.train.threads:
