@@ -3,13 +3,17 @@
 Each point owns results/<sweep>/<point_id>/:
     config.yaml     the resolved config            summary.json   metrics, status, timings, provenance
     metrics.jsonl   one row per update              samples.jsonl  sampled episodes
-    status          running | done | failed | diverged   (written last: the commit marker)
+    status          running | done | failed | diverged | pruned   (written last: the commit marker)
     traceback.txt   on failure                      events.jsonl   one row per attempt start / end
     checkpoint/     the trainer's, for resuming     mlflow_run_id  the MLflow run to continue
 Re-running skips done and diverged points, retries failed ones only with `retry_failed`, and
 resumes interrupted ones (status still `running`; the trainer resumes from checkpoint/).
 A failing point never stops the sweep. Ctrl-C (or SIGTERM) stops cleanly: running points keep
 status `running` and resume next time.
+
+Hooks: an exception with a string attribute `point_status` ends a point with that status instead of
+`failed` (harness tune's pruned trials: `pruned`); `RunOptions.executor` replaces the local process
+pool (harness.ray_backend); `RunOptions.tags` are added to the MLflow run's tags.
 
 Testing hook: the environment variable HARNESS_TRAIN_FN="module:function" replaces
 `harness.trainer:train` (same signature), e.g. a small deterministic fake trainer in tests.
@@ -52,6 +56,8 @@ class RunOptions:
     retry_failed: bool = False
     workers: int = 1
     env_info: dict[str, Any] = field(default_factory=dict)  # provenance, computed once per sweep
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags (e.g. study, trial)
+    executor: Callable[..., None] | None = None  # (sweep, todo, opts, progress, result); e.g. the Ray backend
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -167,7 +173,7 @@ def run_point(point: Point, sweep: str, opts: RunOptions,
             train = resolve_train_fn(opts.train_fn)
             diverged = _diverged_types(train)
             tags = {"point_id": point.id, "sweep": sweep, "variant": point.variant,
-                    "config_hash": point.config_hash, "seed": str(point.seed)}
+                    "config_hash": point.config_hash, "seed": str(point.seed), **opts.tags}
             uri = opts.mlflow_uri if point.config.tracking.mlflow else None
             logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
             logger.log_params(flatten(point.config.model_dump(mode="json")))
@@ -182,6 +188,8 @@ def run_point(point: Point, sweep: str, opts: RunOptions,
         except Exception as e:  # noqa: BLE001 - a failing point never stops the sweep
             if isinstance(e, diverged):
                 status, metrics, error = "diverged", dict(getattr(e, "summary", None) or {}), str(e)
+            elif isinstance(getattr(e, "point_status", None), str):  # a stop the caller asked for (a pruned trial)
+                status, metrics, error = e.point_status, dict(getattr(e, "summary", None) or {}), str(e) or None
             else:
                 status, error = "failed", f"{type(e).__name__}: {e}"
                 atomic_write_text(run_dir / TRACEBACK, traceback.format_exc())
@@ -241,7 +249,7 @@ def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResu
                        opts.workers)
     result = SweepResult(counts)
     try:
-        runner = _run_sequential if opts.workers <= 1 else _run_parallel
+        runner = opts.executor or (_run_sequential if opts.workers <= 1 else _run_parallel)
         runner(sweep.name, todo, opts, progress, result)
     finally:
         if progress is not None:
