@@ -43,9 +43,13 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 @KL_ESTIMATOR.register("k3", doc="exp(-d) + d - 1 (unbiased, low variance, >= 0)",
                        source="Schulman 2020; GRPO (Shao et al. 2024); verl 'low_var_kl'")
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """(B,T) -> (B,T); d clamped to [-20, 20] before exp."""
+    """(B,T) -> (B,T); d clamped to [-20, 20] before exp.
+
+    expm1 keeps small d accurate; the float32 cancellation of expm1(-d) + d can still leave
+    about -1e-7 where the exact value d^2/2 is smaller, so the result is clamped at 0.
+    """
     d = (logp - ref_logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-    return torch.exp(-d) + d - 1.0
+    return (torch.expm1(-d) + d).clamp(min=0.0)
 
 
 def kl_penalty_rewards(token_rewards: torch.Tensor, kl: torch.Tensor, beta: float,
