@@ -34,6 +34,17 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
+try:  # property tests draw the same examples on every run, so CI results do not depend on luck
+    from hypothesis import settings as _hsettings
+    _hsettings.register_profile("harness", derandomize=True, deadline=None)
+    _hsettings.load_profile("harness")
+except ImportError:  # pragma: no cover
+    pass
+
+# torch threads: the CPU suites run many tiny models; one thread each avoids oversubscription
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running tests (deselected by `make test`)")
     config.addinivalue_line("markers", "gpu: tests that need a CUDA GPU")
