@@ -68,13 +68,13 @@ def _print_points(sweep: Any, results: Path) -> None:
     print("(* = baseline)")
 
 
-def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool) -> None:
+def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool, executor: Any = None) -> None:
     from harness.progress import SweepProgress
     from harness.runner import RunOptions, run_sweep
     from harness.tracking import default_tracking_uri
 
     opts = RunOptions(results=results, mlflow_uri=None if no_mlflow else default_tracking_uri(results),
-                      retry_failed=retry_failed, workers=workers)
+                      retry_failed=retry_failed, workers=workers, executor=executor)
     _sigterm_as_interrupt()
     result = run_sweep(sweep, opts, SweepProgress())
     c = result.counts
@@ -98,7 +98,11 @@ def sweep(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed points again (default: skip them)."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow (metrics.jsonl is always written)."),
     results: Path = typer.Option(Path("results"), "--results", help="Results root: points go to RESULTS/<sweep>/<point>/."),
-    backend: str = typer.Option("local", "--backend", help="local (process pool) or ray (not implemented yet)."),
+    backend: str = typer.Option("local", "--backend", help="local (process pool) or ray (points as Ray tasks; "
+                                "pip install -e '.[dist]')."),
+    address: Optional[str] = typer.Option(None, "--address", help="--backend ray: the cluster to join "
+                                          "(default: a local Ray instance on 127.0.0.1, --workers CPUs)."),
+    retries: int = typer.Option(0, "--retries", min=0, help="--backend ray: run a failed point again up to N times."),
 ) -> None:
     """Run (or resume) every point of a sweep file.
 
@@ -114,10 +118,13 @@ def sweep(
     if dry_run:
         _print_points(swp, results)
         return
+    if backend == "local" and (address or retries):
+        _fail("--address and --retries apply to --backend ray", 2)
+    executor = None
     if backend == "ray":
-        _fail("--backend ray is not implemented yet (a separate issue covers it); use --backend local "
-              "with --workers N", 2)
-    _run(swp, results, workers, retry_failed, no_mlflow)
+        from harness.ray_backend import RayExecutor
+        executor = RayExecutor(address, retries)
+    _run(swp, results, workers, retry_failed, no_mlflow, executor)
 
 
 @app.command()
@@ -226,6 +233,8 @@ except ModuleNotFoundError as _e:
         raise
 else:
     _register_analysis(app)
+from harness.cli_tune import register as _register_tune  # noqa: E402 - tune (Optuna)
+_register_tune(app)
 
 
 def main(argv: list[str] | None = None) -> None:

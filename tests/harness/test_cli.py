@@ -91,11 +91,6 @@ def test_bad_override_and_bad_sweep_exit_2(tmp_path):
     assert out.returncode == 2 and "algo.agg = 'nope'" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_ray_backend_is_a_clear_message():
-    out = harness("sweep", "sweeps/clipping.yaml", "--backend", "ray", "--no-mlflow")
-    assert out.returncode == 2 and "not implemented yet" in out.stderr and "Traceback" not in out.stderr
-
-
 def test_missing_trainer_is_one_line_and_exit_1(tmp_path):
     out = harness("run", "configs/frozenlake_tiny.yaml", "--out", str(tmp_path), "--no-mlflow",
                   HARNESS_TRAIN_FN="no_such_trainer_module:train")

@@ -15,7 +15,7 @@ from harness.provenance import config_hash
 from harness.sweep import load_sweep, short_key
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
+SHIPPED = sorted(p for p in (REPO / "sweeps").glob("*.yaml") if not p.name.startswith("tune_"))  # tune_*: studies
 
 BASE = "env: {name: frozenlake}\ntrain: {updates: 3}\n"
 
