@@ -26,7 +26,7 @@ test-all: setup
 	$(PY) -m pytest -q
 
 sweep: setup
-	$(VENV)/bin/harness sweep sweeps/clipping.yaml
+	$(VENV)/bin/harness sweep sweeps/clipping.yaml --workers 2
 
 clean-venv:
 	rm -rf $(VENV)
