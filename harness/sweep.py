@@ -128,7 +128,10 @@ def variant_slug(overrides: dict[str, Any], label: str | None) -> str:
     if not overrides:
         return "base"
     slug = slugify("__".join(f"{short_key(k)}={_fmt(v)}" for k, v in overrides.items()))
-    return slug[:SLUG_MAX].rstrip("_.-=")
+    if len(slug) > SLUG_MAX:  # drop whole key=value parts, never cut a value in two
+        cut = slug[:SLUG_MAX].rfind("__")
+        slug = slug[:cut] + "__etc" if cut > 0 else slug[:SLUG_MAX]
+    return slug.rstrip("_.-=")
 
 
 def point_id(variant: str, seed: int, chash: str) -> str:
