@@ -235,6 +235,8 @@ else:
     _register_analysis(app)
 from harness.cli_tune import register as _register_tune  # noqa: E402 - tune (Optuna)
 _register_tune(app)
+from harness.bench import register as _register_bench  # noqa: E402 - speed / memory ratios
+_register_bench(app)
 
 
 def main(argv: list[str] | None = None) -> None:
