@@ -63,8 +63,12 @@ class ValueHead(nn.Module):
 
 
 def value(model: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Values (B, T) of every prefix; 0 on padding."""
-    return head(hidden_states(model, input_ids, attention_mask)) * attention_mask
+    """Values (B, T), aligned with `token_logprobs`: position t holds V of the prefix before
+    token t (the hidden state at t-1), the state in which token t was chosen, as verl's critic
+    (`values[:, -L-1:-1]`). Position 0 and padding are 0."""
+    v = head(hidden_states(model, input_ids, attention_mask)) * attention_mask  # (B, T), V after token t
+    shifted = torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)  # (B, T), V before token t
+    return shifted * attention_mask
 
 
 @dataclass(eq=False)

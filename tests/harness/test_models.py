@@ -135,6 +135,26 @@ def test_value_head_shapes_and_gradients(lora_policy):
     p.value_head.zero_grad(set_to_none=True)
 
 
+def test_value_at_t_is_the_state_before_token_t(lora_policy):
+    """Values align with log-probs: V[t] sees tokens < t only (verl's critic slicing)."""
+    p = lora_policy
+    head = p.value_head
+    with torch.no_grad():
+        head.proj.weight.normal_(generator=torch.Generator().manual_seed(0))
+    try:
+        ids, mask = _ids(p)
+        changed = ids.clone()
+        changed[:, 3] = (ids[:, 3] + 1) % p.model.get_input_embeddings().weight.shape[0]
+        with torch.no_grad():
+            a, b = p.values(ids, mask), p.values(changed, mask)
+        assert torch.all(a[:, 0] == 0)
+        torch.testing.assert_close(a[:, :4], b[:, :4], rtol=0, atol=0)  # tokens < t only
+        assert not torch.allclose(a[:, 4], b[:, 4])  # token 3 is seen from position 4 on
+    finally:
+        with torch.no_grad():
+            head.proj.weight.zero_()
+
+
 def test_full_finetune_reference_is_a_frozen_copy(tmp_path):
     p = load_policy(small_cfg(**{"model.finetune": "full"}), tmp_path, "cpu")
     ids, mask = _ids(p)
