@@ -12,7 +12,7 @@ A point asking for more than the whole cluster has is an error before anything i
 Without --address, a local Ray instance is started for the sweep and stopped after it: bound to
 127.0.0.1 only (Ray's local-only mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), no dashboard, no usage
 stats, max(--workers, the largest num_cpus of a point) logical CPUs. With --address the driver
-connects to a running cluster (`ray start --head` ...); every node then needs this project
+connects to a running cluster (in local-only mode too when ADDR is 127.0.0.1 / localhost) (`ray start --head` ...); every node then needs this project
 installed and the results folder at the same path (a shared filesystem). When
 ~/.ray/auth_token exists and RAY_AUTH_MODE is unset, the driver uses token authentication, which
 `ray start` turns on by default.
@@ -49,11 +49,14 @@ def point_resources(cfg: Any, cluster_gpus: float) -> dict[str, float]:
     return {"num_cpus": max(1, int(cfg.train.threads)), "num_gpus": gpus}
 
 
-def import_ray(local: bool) -> Any:
-    """`ray`, or a one-line UnavailableError naming the extra to install."""
+def import_ray(local: bool, joining: bool = False) -> Any:
+    """`ray`, or a one-line UnavailableError naming the extra to install. Ray reads these variables
+    when it is imported."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if local:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if joining and "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
+        os.environ["RAY_AUTH_MODE"] = "token"  # `ray start` turns token authentication on
     try:
         import ray
     except ImportError as e:
@@ -94,10 +97,14 @@ class RayExecutor:
 
     def __init__(self, address: str | None = None, retries: int = 0):
         self.address, self.retries = address, retries
-        import_ray(local=address is None)  # fail early with the install hint
+        host = address.rpartition(":")[0].strip("[]") if address and ":" in address else address
+        # a cluster on the loopback interface is joined in Ray's local-only mode too: a driver that
+        # registered with this host's outside address would wait forever for a raylet there
+        self.loopback = address is None or host in ("127.0.0.1", "localhost", "::1")
+        import_ray(self.loopback, joining=address is not None)  # fail early with the install hint
 
     def __call__(self, sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: Any) -> None:
-        ray = import_ray(local=self.address is None)
+        ray = import_ray(self.loopback, joining=self.address is not None)
         self._connect(ray, todo, opts)
         try:
             self._run(ray, sweep, todo, opts, progress, result)
@@ -111,13 +118,14 @@ class RayExecutor:
                 ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
                          object_store_memory=LOCAL_OBJECT_STORE_BYTES)
             else:
-                if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
-                    os.environ["RAY_AUTH_MODE"] = "token"
                 ray.init(address=self.address, logging_level="WARNING")
         except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, auth errors
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
-            raise UnavailableError(f"cannot start or reach {where}: {type(e).__name__}: {first}") from None
+            auth = "InvalidAuthToken" in f"{e} {e.__cause__} {e.__context__}"
+            hint = ("; the cluster wants its authentication token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+                    "(or RAY_AUTH_TOKEN_PATH)" if auth else "")
+            raise UnavailableError(f"cannot start or reach {where}: {type(e).__name__}: {first}{hint}") from None
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES)}

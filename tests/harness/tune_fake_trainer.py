@@ -4,12 +4,14 @@ HARNESS_TRAIN_FN=tune_fake_trainer:train (tests/harness on PYTHONPATH). Rows: up
 evaluation; every `train.eval_every` updates and the last one carry eval_greedy/success =
 score(lr, seed, update), larger for a larger algo.lr (so pruners have something to prune), and the
 progress callback gets them as the real trainer passes them. Resumes from checkpoint/state.json.
-model.name "fake-once" fails on the first call for its folder; FAKE_TRAIN_DELAY sleeps per update.
+model.name "fake-once" fails on the first call for its folder, "fake-fail" always; FAKE_TRAIN_DELAY
+sleeps per update. Each call appends {start, pid, ray_node_ip} to <run_dir>/fake_calls.jsonl.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,12 @@ def score(lr: float, seed: int, update: int) -> float:
     return round(lr * 100 * update + seed * 1e-3, 9)
 
 
+def _ray_node_ip() -> str | None:
+    """The Ray node this runs on (None outside Ray): a local instance must be on 127.0.0.1."""
+    ray = sys.modules.get("ray")
+    return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else None
+
+
 def train(cfg, run_dir, logger, progress=None) -> dict:
     run_dir = Path(run_dir)
     ckpt = run_dir / "checkpoint" / "state.json"
@@ -29,9 +37,9 @@ def train(cfg, run_dir, logger, progress=None) -> dict:
     if start:
         logger.truncate_after(start)
     earlier = read_jsonl(run_dir / CALLS)
-    append_jsonl(run_dir / CALLS, [{"start": start, "pid": os.getpid()}])
-    if cfg.model.name == "fake-once" and not earlier:
-        raise RuntimeError("first attempt fails")
+    append_jsonl(run_dir / CALLS, [{"start": start, "pid": os.getpid(), "ray_node_ip": _ray_node_ip()}])
+    if cfg.model.name == "fake-fail" or (cfg.model.name == "fake-once" and not earlier):
+        raise RuntimeError(f"{cfg.model.name}: attempt {len(earlier) + 1} fails")
     lr, seed, n, every = cfg.algo.lr, cfg.train.seed, cfg.train.updates, cfg.train.eval_every
     delay = float(os.environ.get("FAKE_TRAIN_DELAY", "0"))
     if start == 0:
