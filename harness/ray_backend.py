@@ -25,7 +25,9 @@ tasks. Ctrl-C cancels the running tasks; their points keep status `running` and 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,8 @@ def _apply_env(env: dict[str, str]) -> None:
 def run_point_task(point: Point, sweep: str, opts: RunOptions, env: dict[str, str], queue: Any) -> dict:
     """The Ray task: one point, progress sent to the driver's queue."""
     _apply_env(env)
+    if threading.current_thread() is threading.main_thread():  # ray.cancel interrupts with SIGINT, which a
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # background driver passes on ignored
     if queue is not None:
         queue.put(("start", point.id, None))
     progress = (lambda info: queue.put(("update", point.id, dict(info)))) if queue is not None else None
@@ -104,6 +108,8 @@ class RayExecutor:
         import_ray(self.loopback, joining=address is not None)  # fail early with the install hint
 
     def __call__(self, sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: Any) -> None:
+        if not todo:  # every point finished before: no cluster needed
+            return
         ray = import_ray(self.loopback, joining=self.address is not None)
         self._connect(ray, todo, opts)
         try:
@@ -112,6 +118,7 @@ class RayExecutor:
             ray.shutdown()  # stops a local instance; a cluster keeps running
 
     def _connect(self, ray: Any, todo: list[Point], opts: RunOptions) -> None:
+        on_sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own (abort): keep ours
         try:
             if self.address is None:
                 cpus = max([opts.workers] + [point_resources(p.config, 0)["num_cpus"] for p in todo])
@@ -126,9 +133,13 @@ class RayExecutor:
             hint = ("; the cluster wants its authentication token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
                     "(or RAY_AUTH_TOKEN_PATH)" if auth else "")
             raise UnavailableError(f"cannot start or reach {where}: {type(e).__name__}: {first}{hint}") from None
+        if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES)}
+        if env.get("HARNESS_CACHE"):  # workers do not share the driver's working directory
+            env["HARNESS_CACHE"] = str(Path(env["HARNESS_CACHE"]).resolve())
         paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 

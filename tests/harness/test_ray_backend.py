@@ -151,6 +151,34 @@ def test_local_instance_on_loopback_with_retries(tmp_path):
     assert "fake-fail: attempt 2 fails" in (results / "s" / by_label["never"] / "traceback.txt").read_text()
 
 
+def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
+    base = {"env": {"name": "frozenlake"}, "train": {"updates": 12, "eval_every": 4, "checkpoint_every": 1},
+            "tracking": {"mlflow": False}}
+    path, results = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3, 2.0e-3]}), tmp_path / "results"
+    cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--backend", "ray", "--workers", "2", "--results",
+           str(results), "--no-mlflow"]
+    env = cli_env(HARNESS_TRAIN_FN="tune_fake_trainer:train", FAKE_TRAIN_DELAY="0.5")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    dirs = [results / "s" / p.id for p in load_sweep(path).points]
+    deadline = time.monotonic() + 120
+    while not all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # the CLI turns it into Ctrl-C: running tasks are cancelled
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130 and "interrupted: run the same command again" in out, out
+    for d in dirs:
+        assert (d / "status").read_text().strip() == "running"
+        assert [e["event"] for e in read_jsonl(d / "events.jsonl")] == ["start", "interrupted"]
+    again = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_TRAIN_DELAY": "0"}, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
+    for d in dirs:
+        starts = [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")]
+        assert starts[0] == 0 and starts[1] >= 2 and len(starts) == 2    # resumed from its checkpoint
+        assert [r["update"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(13))
+
+
 def test_missing_ray_and_misplaced_options_are_clear_messages(tmp_path):
     base = {"env": {"name": "frozenlake"}, "tracking": {"mlflow": False}}
     path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})

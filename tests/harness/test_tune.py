@@ -128,6 +128,18 @@ def test_a_config_sampled_again_reuses_its_point(tmp_path, monkeypatch):
     assert len({t.value for t in ts}) == 1
 
 
+def test_objective_value_final_best_and_missing_metric():
+    from harness.tune import ObjectiveSpec, objective_value
+
+    rows = [{"update": 0, "m": 0.9}, {"update": 1, "x": 1.0}, {"update": 2, "m": 0.2}, {"update": 4, "m": 0.5}]
+    assert objective_value(rows, ObjectiveSpec(metric="m"), "d") == 0.5
+    assert objective_value(rows, ObjectiveSpec(metric="m", at="best"), "d") == 0.5        # update 0 is not a result
+    assert objective_value(rows, ObjectiveSpec(metric="m", at="best", direction="minimize"), "d") == 0.2
+    with pytest.raises(ConfigError, match="objective.metric 'eval_greedy/success' is not in d/metrics.jsonl; "
+                                          "metrics there: m, update, x"):
+        objective_value(rows, ObjectiveSpec(), "d")
+
+
 # ----------------------------------------------------------------------------- interruptions
 def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path, Path, str]:
     """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint."""
