@@ -175,7 +175,7 @@ def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
     assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
     for d in dirs:
         starts = [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")]
-        assert starts[0] == 0 and starts[1] >= 2 and len(starts) == 2    # resumed from its checkpoint
+        assert starts[0] == 0 and starts[1] >= 1 and len(starts) == 2    # resumed from its checkpoint
         assert [r["update"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(13))
 
 

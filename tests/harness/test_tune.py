@@ -151,7 +151,7 @@ def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path,
     def third_running() -> list[Path]:
         dirs = [d for d in (results / "s").glob("lr=*") if (d / "status").exists()] if (results / "s").exists() else []
         done = [d for d in dirs if (d / "status").read_text().strip() == "done"]
-        busy = [d for d in dirs if d not in done and len(read_jsonl(d / "metrics.jsonl")) >= 2]
+        busy = [d for d in dirs if d not in done and (d / "checkpoint" / "state.json").exists()]
         return busy if len(done) == 2 else []
 
     wait_for(lambda: bool(third_running()), proc=proc)
