@@ -154,17 +154,22 @@ def _smooth_kl(n: int) -> list[float]:
 
 
 def test_kl_spike_fires_on_a_spike_only():
-    det = KLSpikeDetector(z=4.0, alpha=0.1, warmup=5)
+    det = KLSpikeDetector(z=4.0, alpha=0.1, warmup=5, min_kl=0.0)
     series = _smooth_kl(30)
     series[20] = 0.2
     spikes = [det.update(v)["diag/kl_spike"] for v in series]
     assert spikes == [1.0 if i == 20 else 0.0 for i in range(30)]
+    floored = KLSpikeDetector(z=4.0, alpha=0.1, warmup=5)  # default floor 0.2: 0.2 is not above it
+    assert not any(floored.update(v)["diag/kl_spike"] for v in series)
+    series[20] = 1.5
+    high = KLSpikeDetector(z=4.0, alpha=0.1, warmup=5)
+    assert [high.update(v)["diag/kl_spike"] for v in series] == [1.0 if i == 20 else 0.0 for i in range(30)]
     smooth = KLSpikeDetector()
     assert not any(smooth.update(v)["diag/kl_spike"] for v in _smooth_kl(60))
 
 
 def test_kl_spike_multiple_mode_warmup_and_non_finite():
-    det = KLSpikeDetector(multiple=3.0, warmup=3)
+    det = KLSpikeDetector(multiple=3.0, warmup=3, min_kl=0.0)
     out = [det.update(v)["diag/kl_spike"] for v in [0.01, 0.05, 0.01, 0.01, 0.02, 0.1]]
     assert out == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # 0.05 at update 2 is inside the warm-up
     assert det.update(float("nan"))["diag/kl_spike"] == 1.0
