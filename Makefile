@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# No NVIDIA GPU: take the CPU wheel of torch (an unpinned torch pulls a multi-GB CUDA build).
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "torch==2.13.0"; fi
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[dist]'  # ray: the Ray-backend tests run against a real local cluster
 	@rm -f $(VENV)/.harness-installed-*
 	@touch $@
 

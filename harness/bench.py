@@ -28,12 +28,27 @@ def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
     return {"rollout_batched_vs_sequential": thr, "turn8_vs_turn1": turn}
 
 
-def bench_logprob_memory(policy, batch: int = 8, length: int = 512) -> dict:
+def bench_logprob_memory(model, batch: int = 8, length: int = 512) -> dict:
+    """Peak memory of the chunked log-probs (forward + backward, from the hidden states on) vs
+    a naive full-vocabulary log-softmax, on `model` with random token ids."""
     from harness.logprobs import peak_memory_ratio
     g = torch.Generator().manual_seed(0)
-    vocab = policy.model.get_input_embeddings().weight.shape[0]
+    vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, length), generator=g)
-    return peak_memory_ratio(policy.model, ids, torch.ones_like(ids), chunk_size=256)
+    return peak_memory_ratio(model, ids, torch.ones_like(ids), chunk_size=256)
+
+
+def qwen05b_shaped_head_model() -> torch.nn.Module:
+    """One decoder layer with Qwen2.5-0.5B's width and vocabulary (896, 151,936), random weights:
+    the log-prob memory question is about the output layer, which this reproduces exactly."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
+                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).eval()
+    for p in model.parameters():  # frozen, as under LoRA: the gradient flows into the hidden states
+        p.requires_grad_(False)
+    return model
 
 
 class _NullLogger:
@@ -131,7 +146,8 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
     if "rollout" in parts:
         out.update(bench_rollout(policy, cfg))
     if "memory" in parts:
-        out["logprob_peak_memory"] = bench_logprob_memory(policy)
+        out["logprob_peak_memory"] = bench_logprob_memory(policy.model)
+        out["logprob_peak_memory_qwen05b_head"] = bench_logprob_memory(qwen05b_shaped_head_model(), 2, 512)
     if "trl" in parts:
         ours, tokens = ours_update_seconds(cfg, steps)
         trl, trl_tokens = trl_step_seconds(cfg, steps)
