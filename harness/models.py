@@ -66,7 +66,12 @@ def value(model: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention_
     """Values (B, T), aligned with `token_logprobs`: position t holds V of the prefix before
     token t (the hidden state at t-1), the state in which token t was chosen, as verl's critic
     (`values[:, -L-1:-1]`). Position 0 and padding are 0."""
-    v = head(hidden_states(model, input_ids, attention_mask)) * attention_mask  # (B, T), V after token t
+    return values_from_hidden(head, hidden_states(model, input_ids, attention_mask), attention_mask)
+
+
+def values_from_hidden(head: ValueHead, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`value` from hidden states (B, T, H) already computed (one backbone pass for actor and critic)."""
+    v = head(hidden) * attention_mask  # (B, T), V after token t
     shifted = torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)  # (B, T), V before token t
     return shifted * attention_mask
 

@@ -83,6 +83,8 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
             agg_params = replace(global_counts(batch.loss_mask[mb_idx]), t_const=a.agg_len)
+            # the critic is fitted on action tokens only (observations have no returns)
+            value_agg_params = replace(global_counts(batch.action_mask[mb_idx]), t_const=a.agg_len)
             optimizer.zero_grad(set_to_none=True)
             for micro in _micro_batches(batch, mb_idx, a.micro_batch_size):
                 mb = batch.rows(micro)
@@ -90,7 +92,7 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
                 pick = lambda x: None if x is None else x[micro, :T]  # noqa: E731
                 loss, terms, stats, *_ = _loss_terms(policy, mb, adv[micro, :T], fwd.old_logp[micro, :T],
                                                      pick(fwd.ref_logp), pick(fwd.old_values), pick(returns),
-                                                     cfg, agg_params)
+                                                     cfg, agg_params, value_agg_params)
                 if not torch.isfinite(loss):
                     raise Diverged(f"non-finite loss {loss.item()} in the update")
                 loss.backward()

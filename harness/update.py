@@ -23,7 +23,8 @@ from algorithms.utils import turn_rewards_to_tokens
 from harness.batch import TrainBatch
 from harness.config import RunConfig
 from harness.errors import Diverged  # noqa: F401  (non-finite loss or gradient: the point is "diverged")
-from harness.logprobs import token_logprobs
+from harness.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
+from harness.models import values_from_hidden
 
 
 
@@ -34,6 +35,20 @@ class Forward:
     old_logp: torch.Tensor
     ref_logp: torch.Tensor | None
     old_values: torch.Tensor | None
+
+
+def policy_forward(policy, input_ids, attention_mask, *, temperature: float, with_entropy: bool,
+                   with_values: bool):
+    """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
+    pass (the critic shares the policy's backbone)."""
+    if not with_values:
+        lp, ent = token_logprobs(policy.model, input_ids, attention_mask, temperature=temperature,
+                                 with_entropy=with_entropy)
+        return lp, ent, None
+    hidden = hidden_states(policy.model, input_ids, attention_mask)  # (B, T, H)
+    lp, ent = logprobs_from_hidden(policy.model, hidden, input_ids, attention_mask, temperature=temperature,
+                                   with_entropy=with_entropy)
+    return lp, ent, values_from_hidden(policy.value_head, hidden, attention_mask)
 
 
 def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
@@ -50,16 +65,16 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
         mb = batch.rows(idx)
         T = batch.input_ids.shape[1]
         pad = (0, T - mb.input_ids.shape[1])
-        lp, _ = token_logprobs(policy.model, mb.input_ids, mb.attention_mask,
-                               temperature=cfg.rollout.temperature)
+        lp, _, v = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
+                                  with_entropy=False, with_values=cfg.algo.critic.enabled)
         old.append(torch.nn.functional.pad(lp, pad))
+        if v is not None:
+            val.append(torch.nn.functional.pad(v, pad))
         if need_ref:
             with policy.reference() as ref_model:
                 rlp, _ = token_logprobs(ref_model, mb.input_ids, mb.attention_mask,
                                         temperature=cfg.rollout.temperature)
             ref.append(torch.nn.functional.pad(rlp, pad))
-        if cfg.algo.critic.enabled:
-            val.append(torch.nn.functional.pad(policy.values(mb.input_ids, mb.attention_mask), pad))
     cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
     return Forward(cat(old), cat(ref), cat(val))
 
@@ -86,13 +101,13 @@ def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.T
 
 
 def _loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, returns,
-                cfg: RunConfig, agg_params: AggParams):
+                cfg: RunConfig, agg_params: AggParams, value_agg_params: AggParams):
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats."""
     a = cfg.algo
     agg = AGGREGATION.get(a.agg)
-    need_ent = True  # entropy is a diagnostic even when its coefficient is 0
-    logp, ent = token_logprobs(policy.model, mb.input_ids, mb.attention_mask,
-                               temperature=cfg.rollout.temperature, with_entropy=need_ent)
+    # entropy is a diagnostic even when its coefficient is 0
+    logp, ent, values = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
+                                       with_entropy=True, with_values=a.critic.enabled)
     mask = mb.loss_mask
     if a.clip.seq_mask:
         mask = negative_advantage_seq_mask(logp, old_logp, adv, mask, mb.action_id, a.clip.seq_mask_delta)
@@ -109,8 +124,7 @@ def _loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, ret
     if a.entropy_coef > 0:
         loss = loss - a.entropy_coef * ent_term
     if a.critic.enabled:
-        vloss = value_loss(policy.values(mb.input_ids, mb.attention_mask), old_values, returns,
-                           mb.action_mask, a.critic.value_clip, agg, agg_params)
+        vloss = value_loss(values, old_values, returns, mb.action_mask, a.critic.value_clip, agg, value_agg_params)
         loss = loss + a.critic.coef * vloss
         terms["loss/value"] = vloss.detach()
     terms["loss/total"] = loss.detach()
