@@ -100,7 +100,8 @@ def plot_learning_curves(curves: pd.DataFrame, results: pd.DataFrame, metric: st
     ax = fig.add_subplot()
     _lines(ax, data, _palette(labels), legend=True)
     meta = results.attrs["sweep"]
-    ax.set(xlabel="update", ylabel=metric, title=f"{meta.name}: {metric} (mean, 95% CI over seeds)")
+    ax.set(xlabel="update", ylabel=metric)
+    ax.set_title(f"{meta.name}: {metric}\n(mean, 95% CI over seeds)", fontsize="medium")  # two lines: long names fit
     if ax.get_legend() is not None:
         ax.get_legend().set_title(", ".join(meta.axes) or None)
     return _save(fig, out_dir, f"curves_{_safe(metric)}")
