@@ -59,7 +59,7 @@ def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
 @torch.no_grad()
 def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
     """Recompute behaviour log-probs (and reference log-probs, values) over all rows."""
-    need_ref = cfg.algo.kl.estimator != "none"
+    need_ref = True  # KL to the reference is a diagnostic (diag/kl_*) even when no KL term is trained
     old, ref, val = [], [], []
     for idx in _micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
         mb = batch.rows(idx)
@@ -83,7 +83,7 @@ def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.T
     """Advantages on the rows (B, T) and critic returns (B, T) or None."""
     a = cfg.algo
     token_rewards = turn_rewards_to_tokens(batch.turn_rewards, batch.stream_turn, batch.stream_mask)
-    if a.kl.where == "reward" and fwd.ref_logp is not None:
+    if a.kl.where == "reward" and a.kl.estimator != "none" and fwd.ref_logp is not None:
         kl = KL_ESTIMATOR.get(a.kl.estimator)(fwd.old_logp, fwd.ref_logp)  # (B,T)
         token_rewards = token_rewards - a.kl.coef * batch.to_stream(kl * batch.action_mask)
     inputs = AdvantageInputs(
@@ -115,7 +115,7 @@ def _loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, ret
     pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, mask, mb.action_id, mb.traj_id, clip)
     loss = agg(pl, mask, agg_params)
     terms = {"loss/policy": loss.detach()}
-    if a.kl.where == "loss" and ref_logp is not None and a.kl.coef > 0:
+    if a.kl.where == "loss" and a.kl.estimator != "none" and ref_logp is not None and a.kl.coef > 0:
         kl = agg(KL_ESTIMATOR.get(a.kl.estimator)(logp, ref_logp), mask, agg_params)
         loss = loss + a.kl.coef * kl
         terms["loss/kl"] = kl.detach()

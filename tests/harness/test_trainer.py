@@ -120,3 +120,4 @@ def test_every_axis_runs_end_to_end(tmp_path, over):
     for r in trained:
         assert all(v == v for k, v in r.items() if k.startswith("loss/")), r  # no NaN losses
     assert any(r["diag/grad_norm"] > 0 for r in trained)  # the axis combination produced a gradient
+    assert all("diag/kl_k3" in r for r in trained)  # KL to the reference is logged even without a KL term
