@@ -35,6 +35,8 @@ class KLSpikeDetector:
     multiple:   if set, spike when `kl > multiple * ema` instead of the z-score test.
     min_rel_std: the std used in the z-score is at least `min_rel_std * |ema|`, so a perfectly
                 smooth series (EMA variance ~ 0) is not flagged for float jitter.
+    max_kl:     a mean k3 KL above this is always a spike, warm-up or not (the collapse run
+                jumped from 0 to 6.2 nats at its second update, inside the warm-up).
     min_kl:     no spike below this absolute mean k3 KL (nats per token). Measured on the tiny
                 FrozenLake runs: healthy updates fluctuate between 0.01 and 0.15, which the
                 z-test alone flagged in 9 of 15 runs of the clipping sweep; a collapse goes past 1.
@@ -45,13 +47,13 @@ class KLSpikeDetector:
     """
 
     def __init__(self, z: float = 4.0, alpha: float = 0.1, warmup: int = 5, multiple: float | None = None,
-                 min_rel_std: float = 0.05, min_kl: float = 0.2):
+                 min_rel_std: float = 0.05, min_kl: float = 0.2, max_kl: float = 1.0):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"KLSpikeDetector: alpha must be in (0, 1], got {alpha}")
         if multiple is not None and multiple <= 1.0:
             raise ValueError(f"KLSpikeDetector: multiple must be > 1 (a factor over the EMA), got {multiple}")
         self.z, self.alpha, self.warmup, self.multiple, self.min_rel_std = z, alpha, warmup, multiple, min_rel_std
-        self.min_kl = min_kl
+        self.min_kl, self.max_kl = min_kl, max_kl
         self.count, self.mean, self.var = 0, 0.0, 0.0
 
     def _std(self) -> float:
@@ -71,7 +73,7 @@ class KLSpikeDetector:
             spike = value > self.multiple * baseline
         else:
             spike = zscore > self.z
-        spike = spike and self.count >= self.warmup and value > self.min_kl
+        spike = (spike and self.count >= self.warmup and value > self.min_kl) or value > self.max_kl
         diff = value - self.mean  # Welford-style exponentially weighted mean and variance
         self.mean += self.alpha * diff
         self.var = (1.0 - self.alpha) * (self.var + self.alpha * diff * diff)

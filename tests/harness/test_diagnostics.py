@@ -168,6 +168,11 @@ def test_kl_spike_fires_on_a_spike_only():
     assert not any(smooth.update(v)["diag/kl_spike"] for v in _smooth_kl(60))
 
 
+def test_kl_spike_above_the_hard_limit_fires_even_in_warm_up():
+    det = KLSpikeDetector(warmup=5)
+    assert [det.update(v)["diag/kl_spike"] for v in [0.0, 6.2, 5.6]] == [0.0, 1.0, 1.0]
+
+
 def test_kl_spike_multiple_mode_warmup_and_non_finite():
     det = KLSpikeDetector(multiple=3.0, warmup=3, min_kl=0.0)
     out = [det.update(v)["diag/kl_spike"] for v in [0.01, 0.05, 0.01, 0.01, 0.02, 0.1]]
