@@ -63,11 +63,10 @@ def _update_diagnostics(batch: TrainBatch, fwd: Forward, adv: torch.Tensor, cfg:
            "diag/adv_abs_mean": masked_mean(adv.abs(), batch.loss_mask),
            "diag/rows": torch.tensor(float(batch.num_rows)),
            "diag/trained_tokens": batch.loss_mask.sum()}
-    if fwd.ref_logp is not None:
-        k3 = KL_ESTIMATOR.get("k3")(fwd.old_logp, fwd.ref_logp)
-        out["diag/kl_k1"] = masked_mean(fwd.old_logp - fwd.ref_logp, m)
-        out["diag/kl_k3"] = masked_mean(k3, m)
-        out["diag/kl_k3_max"] = (k3 * m).max()
+    k3 = KL_ESTIMATOR.get("k3")(fwd.old_logp, fwd.ref_logp)
+    out["diag/kl_k1"] = masked_mean(fwd.old_logp - fwd.ref_logp, m)
+    out["diag/kl_k3"] = masked_mean(k3, m)
+    out["diag/kl_k3_max"] = (k3 * m).max()
     return out
 
 

@@ -33,7 +33,7 @@ class Forward:
     """Per-row tensors (B, T) computed once at the start of an update, without gradients."""
 
     old_logp: torch.Tensor
-    ref_logp: torch.Tensor | None
+    ref_logp: torch.Tensor
     old_values: torch.Tensor | None
 
 
@@ -58,23 +58,21 @@ def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
-    """Recompute behaviour log-probs (and reference log-probs, values) over all rows."""
-    need_ref = True  # KL to the reference is a diagnostic (diag/kl_*) even when no KL term is trained
+    """Recompute behaviour and reference log-probs (and values) over all rows. The reference is
+    always computed: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
     old, ref, val = [], [], []
+    T = batch.input_ids.shape[1]
     for idx in _micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
         mb = batch.rows(idx)
-        T = batch.input_ids.shape[1]
         pad = (0, T - mb.input_ids.shape[1])
         lp, _, v = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
                                   with_entropy=False, with_values=cfg.algo.critic.enabled)
         old.append(torch.nn.functional.pad(lp, pad))
         if v is not None:
             val.append(torch.nn.functional.pad(v, pad))
-        if need_ref:
-            with policy.reference() as ref_model:
-                rlp, _ = token_logprobs(ref_model, mb.input_ids, mb.attention_mask,
-                                        temperature=cfg.rollout.temperature)
-            ref.append(torch.nn.functional.pad(rlp, pad))
+        with policy.reference() as ref_model:
+            rlp, _ = token_logprobs(ref_model, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature)
+        ref.append(torch.nn.functional.pad(rlp, pad))
     cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
     return Forward(cat(old), cat(ref), cat(val))
 
@@ -83,7 +81,7 @@ def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.T
     """Advantages on the rows (B, T) and critic returns (B, T) or None."""
     a = cfg.algo
     token_rewards = turn_rewards_to_tokens(batch.turn_rewards, batch.stream_turn, batch.stream_mask)
-    if a.kl.where == "reward" and a.kl.estimator != "none" and fwd.ref_logp is not None:
+    if a.kl.where == "reward" and a.kl.estimator != "none":
         kl = KL_ESTIMATOR.get(a.kl.estimator)(fwd.old_logp, fwd.ref_logp)  # (B,T)
         token_rewards = token_rewards - a.kl.coef * batch.to_stream(kl * batch.action_mask)
     inputs = AdvantageInputs(
@@ -115,7 +113,7 @@ def _loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, ret
     pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, mask, mb.action_id, mb.traj_id, clip)
     loss = agg(pl, mask, agg_params)
     terms = {"loss/policy": loss.detach()}
-    if a.kl.where == "loss" and a.kl.estimator != "none" and ref_logp is not None and a.kl.coef > 0:
+    if a.kl.where == "loss" and a.kl.estimator != "none" and a.kl.coef > 0:
         kl = agg(KL_ESTIMATOR.get(a.kl.estimator)(logp, ref_logp), mask, agg_params)
         loss = loss + a.kl.coef * kl
         terms["loss/kl"] = kl.detach()
