@@ -49,10 +49,11 @@ class _Stream:
     obs_turn: list[int]    # turn an observation token precedes (trainable obs), -1 elsewhere
     action_start: list[int]  # stream position of the first token of each turn's action
     sampler_logp: list[float]
+    allowed: list[list[int] | None]  # constrained decoding: ids each action token was drawn from
 
 
 def episode_stream(ep: Episode) -> _Stream:
-    s = _Stream([], [], [], [], [], [])
+    s = _Stream([], [], [], [], [], [], [])
     for t, st in enumerate(ep.steps):
         obs_turn = t if t > 0 else -1  # the prompt (turn 0's observation) is never trained on
         s.ids += st.obs_ids
@@ -60,12 +61,14 @@ def episode_stream(ep: Episode) -> _Stream:
         s.turn += [-1] * len(st.obs_ids)
         s.obs_turn += [obs_turn] * len(st.obs_ids)
         s.sampler_logp += [0.0] * len(st.obs_ids)
+        s.allowed += [None] * len(st.obs_ids)
         s.action_start.append(len(s.ids))
         s.ids += st.action_ids
         s.action += [1] * len(st.action_ids)
         s.turn += [t] * len(st.action_ids)
         s.obs_turn += [-1] * len(st.action_ids)
         s.sampler_logp += list(st.sampler_logprobs)
+        s.allowed += list(st.allowed_ids) if st.allowed_ids is not None else [None] * len(st.action_ids)
     return s
 
 
@@ -80,6 +83,8 @@ class TrainBatch:
     traj_id: torch.Tensor       # trajectory index (0..N-1) of each token, -1 on padding
     sampler_logp: torch.Tensor  # sampler log-probs on action tokens, 0 elsewhere
     stream_pos: torch.Tensor    # flat index into the (N, Ts) stream for trained tokens, -1 elsewhere
+    allowed: torch.Tensor | None  # (B, T, K) constrained decoding: ids each token was drawn from,
+                                  # -1 padding (all -1 = unconstrained); None when nothing was constrained
     # stream (N, Ts) and per-trajectory fields
     stream_mask: torch.Tensor   # action tokens of the stream
     stream_turn: torch.Tensor   # turn index of stream action tokens, -1 elsewhere
@@ -113,8 +118,8 @@ class TrainBatch:
         """A row subset (mini- or micro-batch), trimmed to its longest row."""
         T = int(self.attention_mask[idx].sum(1).max().item()) if len(idx) else 1
         row_fields = ("input_ids", "attention_mask", "loss_mask", "action_mask", "action_id",
-                      "traj_id", "sampler_logp", "stream_pos")
-        return replace(self, **{f: getattr(self, f)[idx, :T] for f in row_fields})
+                      "traj_id", "sampler_logp", "stream_pos", "allowed")
+        return replace(self, **{f: getattr(self, f)[idx, :T] for f in row_fields if getattr(self, f) is not None})
 
 
 def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observations: bool,
@@ -123,7 +128,7 @@ def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observation
     """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized)."""
     streams = [episode_stream(ep) for ep in episodes]
     Ts = max(len(s.ids) for s in streams)
-    rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos")}
+    rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow")}
     next_action = 0
     for i, (ep, s) in enumerate(zip(episodes, streams)):
         trainable_obs = [0 if mask_observations else int(o >= 0) for o in s.obs_turn]
@@ -134,7 +139,7 @@ def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observation
             pos = [i * Ts + s.action_start[s.obs_turn[k]] if trainable_obs[k] else p
                    for k, p in enumerate(pos)]
             _append_row(rows, s.ids, [max(a, o) for a, o in zip(s.action, trainable_obs)], s.action,
-                        aid, i, s.sampler_logp, pos)
+                        aid, i, s.sampler_logp, pos, s.allowed)
         else:
             for t, st in enumerate(ep.steps):
                 ctx = st.context_ids if st.context_ids is not None else s.ids[: s.action_start[t]]
@@ -146,15 +151,29 @@ def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observation
                 start = i * Ts + s.action_start[t]
                 pos = [-1] * (L - n_obs) + [start] * n_obs + list(range(start, start + A))
                 _append_row(rows, ctx + st.action_ids, loss, act, aid, i,
-                            [0.0] * L + list(st.sampler_logprobs), pos)
+                            [0.0] * L + list(st.sampler_logprobs), pos, [None] * L + s.allowed[s.action_start[t]:][:A])
         next_action += len(ep.steps)
     return _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
 
 
-def _append_row(rows, ids, loss, act, aid, traj, slp, pos) -> None:
-    for key, val in zip(("ids", "loss", "act", "aid", "traj", "slp", "pos"),
-                        (ids, loss, act, aid, [traj] * len(ids), slp, pos)):
+def _append_row(rows, ids, loss, act, aid, traj, slp, pos, allow) -> None:
+    for key, val in zip(("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow"),
+                        (ids, loss, act, aid, [traj] * len(ids), slp, pos, allow)):
         rows[key].append(val)
+
+
+def _pad_allowed(rows: list[list[list[int] | None]]) -> torch.Tensor | None:
+    """(B, T, K) ids per position (-1 padding), or None when no position was constrained."""
+    K = max((len(a) for r in rows for a in r if a is not None), default=0)
+    if K == 0:
+        return None
+    T = max(len(r) for r in rows)
+    out = torch.full((len(rows), T, K), -1, dtype=LONG)
+    for b, r in enumerate(rows):
+        for t, a in enumerate(r):
+            if a:
+                out[b, t, : len(a)] = torch.tensor(a, dtype=LONG)
+    return out
 
 
 def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids) -> TrainBatch:
@@ -173,6 +192,7 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         traj_id=_pad(rows["traj"], -1, LONG),
         sampler_logp=_pad(rows["slp"], 0.0, torch.float32),
         stream_pos=_pad(rows["pos"], -1, LONG),
+        allowed=_pad_allowed(rows["allow"]),
         stream_mask=_pad([s.action for s in streams], 0, torch.float32)[:, :Ts],
         stream_turn=_pad([s.turn for s in streams], -1, LONG)[:, :Ts],
         rewards=torch.tensor([ep.outcome for ep in episodes], dtype=torch.float32),

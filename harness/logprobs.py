@@ -11,7 +11,12 @@ A head that is not a plain nn.Linear (e.g. LoRA on lm_head) falls back to activa
 checkpointing per chunk.
 
 Convention (verl): logits are divided by `temperature` before the log-softmax, the same
-tempered distribution the sampler draws from. `logp[:, t] = log p(ids[:, t] | ids[:, <t])`;
+tempered distribution the sampler draws from. With constrained decoding (`rollout.constrain`)
+the sampler draws from that distribution restricted to the admissible continuations and
+renormalised; `allowed` (B, T, K) lists those token ids per position (-1 padding; a row of -1
+= unconstrained), and the log-softmax, its entropy and gradient are then taken over that set
+only, so the trainer's log-probs are those of the policy that acted. A token that was the only
+admissible continuation has log-prob 0 and no gradient. `logp[:, t] = log p(ids[:, t] | ids[:, <t])`;
 position 0, padding and positions not asked for are 0. Position ids are derived from the
 attention mask, so left- and right-padded batches give the same values.
 """
@@ -26,6 +31,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK = 1024  # rows of (chunk, V) float32 logits: 0.6 GB for Qwen's 152k vocabulary
+# Disallowed logits are set to this finite value rather than -inf, so that p * logit stays 0
+# (not nan) in the entropy and in the fused backward; exp(NEG - lse) underflows to exactly 0.
+NEG = -1.0e30
+
+
+def restrict_(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """In place: logits (n, V) float32 outside each row's allowed ids (n, K; -1 padding) -> NEG.
+    Rows whose ids are all -1 are left unconstrained."""
+    if allowed is None:
+        return logits
+    constrained = allowed[:, 0] >= 0  # (n,)
+    if not bool(constrained.any()):
+        return logits
+    idx = torch.where(allowed >= 0, allowed, allowed[:, :1].clamp(min=0))  # pad -> an allowed id
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(1, idx, True)
+    keep |= ~constrained[:, None]
+    return logits.masked_fill_(~keep, NEG)
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -55,22 +77,22 @@ class _LinearLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, temperature, with_entropy):
-        logits = _linear_logits(h, weight, bias, temperature)  # (n, V) float32
+    def forward(ctx, h, weight, bias, targets, temperature, with_entropy, allowed):
+        logits = restrict_(_linear_logits(h, weight, bias, temperature), allowed)  # (n, V) float32
         lse = torch.logsumexp(logits, dim=-1)  # (n,)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
         ent = torch.zeros_like(logp)
         if with_entropy:
             p = torch.exp(logits - lse[:, None])  # (n, V)
             ent = lse - torch.linalg.vecdot(p, logits)
-        ctx.save_for_backward(h, weight, bias, targets, lse, ent)
+        ctx.save_for_backward(h, weight, bias, targets, lse, ent, allowed)
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        h, weight, bias, targets, lse, ent = ctx.saved_tensors
-        logq = _linear_logits(h, weight, bias, ctx.temperature).sub_(lse[:, None])  # log p, (n, V)
+        h, weight, bias, targets, lse, ent, allowed = ctx.saved_tensors
+        logq = restrict_(_linear_logits(h, weight, bias, ctx.temperature), allowed).sub_(lse[:, None])  # (n, V)
         grad = logq.exp()  # p, (n, V)
         if ctx.with_entropy:  # dH/dz = -p (log p + H)
             logq.add_(ent[:, None]).mul_(grad).mul_(-g_ent[:, None])
@@ -83,7 +105,7 @@ class _LinearLogprob(torch.autograd.Function):
         g_h = grad @ weight if ctx.needs_input_grad[0] else None  # (n, H)
         g_w = grad.t() @ h if ctx.needs_input_grad[1] else None  # (V, H)
         g_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return g_h, g_w, g_b, None, None, None
+        return g_h, g_w, g_b, None, None, None, None
 
 
 def _linear_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
@@ -92,9 +114,9 @@ def _linear_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def _chunk_generic(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   with_entropy: bool, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Any head module (e.g. a LoRA-wrapped lm_head); used under activation checkpointing."""
-    logits = head(h).float() / temperature  # (n, V)
+    logits = restrict_(head(h).float() / temperature, allowed)  # (n, V), a fresh tensor
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:
@@ -103,18 +125,18 @@ def _chunk_generic(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temp
 
 
 def _chunk_logprobs(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    with_entropy: bool, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if type(head) is nn.Linear:
-        return _LinearLogprob.apply(h, head.weight, head.bias, targets, temperature, with_entropy)
+        return _LinearLogprob.apply(h, head.weight, head.bias, targets, temperature, with_entropy, allowed)
     if torch.is_grad_enabled() and h.requires_grad:
-        return checkpoint(_chunk_generic, head, h, targets, temperature, with_entropy, use_reentrant=False)
-    return _chunk_generic(head, h, targets, temperature, with_entropy)
+        return checkpoint(_chunk_generic, head, h, targets, temperature, with_entropy, allowed, use_reentrant=False)
+    return _chunk_generic(head, h, targets, temperature, with_entropy, allowed)
 
 
 def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK,
                          with_entropy: bool = False, token_mask: torch.Tensor | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked lm_head + log-softmax on given hidden states. See `token_logprobs`."""
     _, head = backbone_and_head(model)
     B, T = input_ids.shape
@@ -123,9 +145,11 @@ def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torc
         want = want & token_mask[:, 1:].bool()
     h = hidden[:, :-1][want]  # (N, H)
     targets = input_ids[:, 1:][want]  # (N,)
+    allow = allowed[:, 1:][want] if allowed is not None else None  # (N, K)
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk_size):
-        lp, ent = _chunk_logprobs(head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy)
+        lp, ent = _chunk_logprobs(head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy,
+                                  allow[s:s + chunk_size] if allow is not None else None)
         lps.append(lp)
         ents.append(ent)
     zeros = torch.zeros(B, T - 1, dtype=torch.float32, device=hidden.device)
@@ -140,32 +164,44 @@ def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torc
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                    temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = False,
-                   token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   token_mask: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
 
     input_ids, attention_mask: (B, T). Returns `logp` (B, T) float32 with
     `logp[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]`, and the full-vocabulary
     entropy of the same tempered distribution (B, T) when `with_entropy` (else None).
     `token_mask` (B, T), optional: compute only where it is 1 (e.g. action tokens); others are 0.
+    `allowed` (B, T, K), optional: token ids position t could be drawn from (constrained decoding;
+    -1 padding, all -1 = unconstrained); log-softmax and entropy are then over that set.
     """
     hidden = hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     return logprobs_from_hidden(model, hidden, input_ids, attention_mask, temperature=temperature,
-                                chunk_size=chunk_size, with_entropy=with_entropy, token_mask=token_mask)
+                                chunk_size=chunk_size, with_entropy=with_entropy, token_mask=token_mask,
+                                allowed=allowed)
 
 
 def naive_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                          temperature: float = 1.0, with_entropy: bool = False,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The reference computation (full (B, T, V) float32 log-softmax); for tests and the benchmark."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids(attention_mask), use_cache=False).logits.float() / temperature
-    logsm = logits[:, :-1].log_softmax(-1)  # (B, T-1, V)
+    logits = logits[:, :-1]
+    if allowed is not None:  # disallowed ids -> -inf, by a plain (B, T-1, V) mask
+        al = allowed[:, 1:]
+        keep = torch.zeros(logits.shape, dtype=torch.bool)
+        for b, t, k in (al >= 0).nonzero().tolist():
+            keep[b, t, al[b, t, k]] = True
+        keep |= ~(al[..., 0] >= 0)[..., None]
+        logits = logits.masked_fill(~keep, float("-inf"))
+    logsm = logits.log_softmax(-1)  # (B, T-1, V)
     valid = (attention_mask[:, 1:] * attention_mask[:, :-1]).float()
     lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * valid
     pad = lp.new_zeros(lp.shape[0], 1)
     ent = None
     if with_entropy:
-        ent = torch.cat([pad, -(logsm.exp() * logsm).sum(-1) * valid], dim=1)
+        ent = torch.cat([pad, -(logsm.exp() * logsm.clamp(min=NEG)).sum(-1) * valid], dim=1)
     return torch.cat([pad, lp], dim=1), ent
 
 
@@ -253,5 +289,5 @@ def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask:
             "backward": backward, "device": str(device)}
 
 
-__all__ = ["token_logprobs", "logprobs_from_hidden", "hidden_states", "naive_token_logprobs",
+__all__ = ["restrict_", "token_logprobs", "logprobs_from_hidden", "hidden_states", "naive_token_logprobs",
            "peak_memory_ratio", "measure_peak_bytes", "backbone_and_head", "position_ids"]

@@ -29,6 +29,9 @@ class StepRecord:
     # unconstrained tempered distribution; sampler_logprobs are then under the constrained
     # (renormalised) one. None when the turn was not constrained.
     unconstrained_logprobs: list[float] | None = None
+    # constrained decoding only: for each action token, the token ids it was drawn from (the
+    # trie's continuations at that point); the trainer's log-softmax is taken over this set.
+    allowed_ids: list[list[int]] | None = None
 
 
 @dataclass

@@ -161,6 +161,7 @@ class TurnOutput:
     logprobs: list[list[float]]
     raw_logprobs: list[list[float] | None]   # unconstrained log-probs; None for unconstrained rows
     overflow: list[bool]
+    allowed: list[list[list[int]] | None] | None = None  # per token, the ids it was drawn from (constrained rows)
 
 
 def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie | None] | None, *,
@@ -175,9 +176,14 @@ def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie 
     length = torch.zeros(B, dtype=torch.long, device=dev)
     nodes = [t.root if t is not None and t.root else None for t in tries] if tries else None
     constrained = [n is not None for n in nodes] if nodes else [False] * B
+    sets: list[list[list[int]]] = [[] for _ in range(B)]
     steps = 0
     for k in range(max_new_tokens):
         allowed = allowed_mask(nodes, V, dev) if nodes else None
+        if nodes:
+            for b, node in enumerate(nodes):
+                if constrained[b]:
+                    sets[b].append(sorted(node) if node is not None else [])
         d = draw(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
                  allowed=allowed)
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
@@ -193,7 +199,8 @@ def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie 
     ids, lp, raw = toks[:, :steps].tolist(), lps[:, :steps].tolist(), raws[:, :steps].tolist()
     return TurnOutput(ids=[ids[b][:n[b]] for b in range(B)], logprobs=[lp[b][:n[b]] for b in range(B)],
                       raw_logprobs=[raw[b][:n[b]] if constrained[b] else None for b in range(B)],
-                      overflow=[ids[b][n[b] - 1] != eot_id for b in range(B)])
+                      overflow=[ids[b][n[b] - 1] != eot_id for b in range(B)],
+                      allowed=[sets[b][:n[b]] if constrained[b] else None for b in range(B)])
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -316,7 +323,8 @@ def _record(p: _Play, t: int, i: int, out: TurnOutput, text: str, context: list[
         turn=t, obs_ids=(system + p.segments[-1]) if t == 0 else p.segments[-1], context_ids=context,
         action_ids=out.ids[i], sampler_logprobs=out.logprobs[i], action_text=text, observation=p.obs,
         reward=reward, done=done, overflow=overflow, format_error=bool(res.info.get("format_error", False)),
-        state_key=str(p.info.get("state_key", "")), info=info, unconstrained_logprobs=out.raw_logprobs[i]))
+        state_key=str(p.info.get("state_key", "")), info=info, unconstrained_logprobs=out.raw_logprobs[i],
+        allowed_ids=out.allowed[i] if out.allowed else None))
     p.actions.append(out.ids[i])
     if done or truncated:
         ep.won, ep.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))

@@ -37,18 +37,28 @@ class Forward:
     old_values: torch.Tensor | None
 
 
+def _on(x: torch.Tensor | None, device) -> torch.Tensor | None:
+    return None if x is None else x.to(device)
+
+
 def policy_forward(policy, input_ids, attention_mask, *, temperature: float, with_entropy: bool,
-                   with_values: bool):
+                   with_values: bool, allowed: torch.Tensor | None = None):
     """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
-    pass (the critic shares the policy's backbone)."""
+    pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
+    admissible ids per token; log-probs and entropy are then those of the constrained policy.
+
+    The batch lives on the CPU; only this pass runs on the model's device (GPU), and its (B, T)
+    outputs come back to the batch's device, gradients flowing through the copies."""
+    home, dev = input_ids.device, next(policy.model.parameters()).device
+    ids, attn, allowed = _on(input_ids, dev), _on(attention_mask, dev), _on(allowed, dev)
     if not with_values:
-        lp, ent = token_logprobs(policy.model, input_ids, attention_mask, temperature=temperature,
-                                 with_entropy=with_entropy)
-        return lp, ent, None
-    hidden = hidden_states(policy.model, input_ids, attention_mask)  # (B, T, H)
-    lp, ent = logprobs_from_hidden(policy.model, hidden, input_ids, attention_mask, temperature=temperature,
-                                   with_entropy=with_entropy)
-    return lp, ent, values_from_hidden(policy.value_head, hidden, attention_mask)
+        lp, ent = token_logprobs(policy.model, ids, attn, temperature=temperature,
+                                 with_entropy=with_entropy, allowed=allowed)
+        return _on(lp, home), _on(ent, home), None
+    hidden = hidden_states(policy.model, ids, attn)  # (B, T, H)
+    lp, ent = logprobs_from_hidden(policy.model, hidden, ids, attn, temperature=temperature,
+                                   with_entropy=with_entropy, allowed=allowed)
+    return _on(lp, home), _on(ent, home), _on(values_from_hidden(policy.value_head, hidden, attn), home)
 
 
 def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
@@ -66,13 +76,15 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
         lp, _, v = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
-                                  with_entropy=False, with_values=cfg.algo.critic.enabled)
+                                  with_entropy=False, with_values=cfg.algo.critic.enabled, allowed=mb.allowed)
         old.append(torch.nn.functional.pad(lp, pad))
         if v is not None:
             val.append(torch.nn.functional.pad(v, pad))
         with policy.reference() as ref_model:
-            rlp, _ = token_logprobs(ref_model, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature)
-        ref.append(torch.nn.functional.pad(rlp, pad))
+            dev = next(ref_model.parameters()).device
+            rlp, _ = token_logprobs(ref_model, _on(mb.input_ids, dev), _on(mb.attention_mask, dev),
+                                    temperature=cfg.rollout.temperature, allowed=_on(mb.allowed, dev))
+        ref.append(torch.nn.functional.pad(rlp.to(mb.input_ids.device), pad))
     cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
     return Forward(cat(old), cat(ref), cat(val))
 
@@ -105,7 +117,7 @@ def _loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, ret
     agg = AGGREGATION.get(a.agg)
     # entropy is a diagnostic even when its coefficient is 0
     logp, ent, values = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
-                                       with_entropy=True, with_values=a.critic.enabled)
+                                       with_entropy=True, with_values=a.critic.enabled, allowed=mb.allowed)
     mask = mb.loss_mask
     if a.clip.seq_mask:
         mask = negative_advantage_seq_mask(logp, old_logp, adv, mask, mb.action_id, a.clip.seq_mask_delta)

@@ -135,3 +135,73 @@ def test_measured_peak_memory_is_lower():
     assert r["naive_bytes"] > 4 * ids.numel() * V  # at least the float32 (B, T, V) log-softmax
     assert r["ratio"] < 0.4, r
     assert measure_peak_bytes(lambda: torch.ones(1 << 22)) >= (1 << 24) * 0.9  # the probe sees 16 MB
+
+
+def _allowed(ids, seed=5, vocab=300, K=6):
+    """(B, T, K) allowed sets: the target id plus random others; one-token sets (forced tokens),
+    unconstrained rows (all -1) and sets padded with -1 mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = ids.shape
+    al = torch.randint(0, vocab, (B, T, K), generator=g)
+    al[..., 0] = ids  # the drawn token is always allowed
+    al[:, 3:6, 1:] = -1  # forced: only one admissible continuation
+    al[:, 8:12, 3:] = -1  # short sets, padded
+    al[0, 15:25] = -1  # unconstrained positions
+    return al
+
+
+@pytest.mark.parametrize("generic_head", [False, True])
+def test_constrained_values_and_gradients_equal_naive(generic_head):
+    """Constrained decoding: log-softmax, entropy and their gradients over the allowed set only,
+    on the fused path and on the checkpointed generic-head path."""
+    model, (ids, mask) = _model(), _batch()
+    if generic_head:
+        class Wrapped(nn.Module):
+            def __init__(self, lin):
+                super().__init__()
+                self.lin = lin
+
+            def forward(self, h):
+                return self.lin(h)
+        model.lm_head = Wrapped(model.lm_head)
+    al = _allowed(ids)
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
+    hid0 = hidden_states(model, ids, mask).detach()
+
+    def run(fn):
+        hid = hid0.clone().requires_grad_(True)
+        lp, ent = fn(hid)
+        ((lp * w).sum() + (ent * w.flip(0)).sum()).backward()
+        return lp.detach(), ent.detach(), hid.grad
+
+    def naive(hid):
+        _, head = (model.model, model.lm_head)
+        logits = (head(hid).float() / 0.8)[:, :-1]
+        keep = torch.zeros(logits.shape, dtype=torch.bool)
+        for b, t, k in (al[:, 1:] >= 0).nonzero().tolist():
+            keep[b, t, al[b, t + 1, k]] = True
+        keep |= ~(al[:, 1:, 0] >= 0)[..., None]
+        logsm = logits.masked_fill(~keep, float("-inf")).log_softmax(-1)
+        valid = (mask[:, 1:] * mask[:, :-1]).float()
+        lp = logsm.gather(-1, ids[:, 1:, None]).squeeze(-1) * valid
+        ent = -(logsm.exp() * logsm.clamp(min=-1e30)).sum(-1) * valid
+        pad = lp.new_zeros(lp.shape[0], 1)
+        return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1)
+
+    lp, ent, g = run(lambda h: logprobs_from_hidden(model, h, ids, mask, temperature=0.8, chunk_size=7,
+                                                    with_entropy=True, allowed=al))
+    lp0, ent0, g0 = run(naive)
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(g).all()
+    forced = mask[:, 3:6].bool()
+    assert (lp[:, 3:6][forced] == 0).all() and (ent[:, 3:6][forced] == 0).all()  # forced: no choice
+    free, _ = token_logprobs(model, ids, mask, temperature=0.8)
+    assert (lp[mask.bool()] >= free.detach()[mask.bool()] - 1e-6).all()  # renormalising never lowers p
+    torch.testing.assert_close(lp[0, 16:25], free.detach()[0, 16:25], atol=1e-5, rtol=0)  # unconstrained rows
+    # the whole-model reference agrees too
+    with torch.no_grad():
+        lp_n, ent_n = naive_token_logprobs(model, ids, mask, temperature=0.8, with_entropy=True, allowed=al)
+    torch.testing.assert_close(lp, lp_n, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent_n, atol=1e-5, rtol=0)

@@ -347,6 +347,32 @@ def test_constrained_decoding_emits_only_admissible(chat):
     assert len(emitted) >= 3
 
 
+@pytest.mark.parametrize("policy", ["full", "window"])
+def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
+    """The training batch carries each constrained token's admissible set, so the trainer's
+    log-probs are those of the renormalised distribution the sampler drew from (both layouts)."""
+    from harness.batch import build_batch
+    from harness.logprobs import token_logprobs
+    admissible = ["go", "stop", "go left", "ab", "x y z"]
+    model = tiny_model(len(chat.tokenizer))
+    cfg = make_cfg(rollout__constrain=True, rollout__temperature=1.3, context__policy=policy, max_new_tokens=12)
+    eps = run(model, chat, TASKS, cfg, env_attrs={"admissible_actions": admissible})
+    batch = build_batch(eps, concatenated=policy == "full", mask_observations=True, pad_id=chat.pad_id)
+    assert batch.allowed is not None and batch.allowed.shape[:2] == batch.input_ids.shape
+    act = batch.action_mask.bool()
+    assert (batch.allowed[..., 0][act] >= 0).all() and (batch.allowed[..., 0][~act] == -1).all()
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=1.3, allowed=batch.allowed)
+        free, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=1.3)
+    assert (lp[act] - batch.sampler_logp[act]).abs().max() < 1e-4
+    assert (free[act] - batch.sampler_logp[act]).abs().max() > 1e-2  # the unconstrained ones differ
+    raw = torch.tensor([x for ep in eps for st in ep.steps for x in st.unconstrained_logprobs])
+    if policy == "full":
+        assert (free[act] - raw).abs().max() < 1e-4
+    sub = batch.rows(torch.tensor([1, 2]))
+    assert sub.allowed.shape[:2] == sub.input_ids.shape
+
+
 def test_env_error_ends_episode(chat):
     model = eot_biased(chat)
     eps = run(model, chat, TASKS[:4], env_attrs={"fail_at": 1})
