@@ -1,6 +1,7 @@
 """Metrics of a list of episodes (rollout or evaluation), reduced once per update."""
 from __future__ import annotations
 
+import math
 import statistics
 
 from harness.records import Episode
@@ -13,10 +14,16 @@ def _mean(xs) -> float:
 
 def episode_metrics(episodes: list[Episode], prefix: str, markers: tuple[str, ...] = ()) -> dict[str, float]:
     """success, return, turns, format errors, truncation, overflow, env errors, action length,
-    hallucinated-observation rate (actions containing one of the env's observation markers)."""
+    hallucinated-observation rate (actions containing one of the env's observation markers).
+    With constrained decoding also `constrained_mass`: the unconstrained policy's probability
+    of the admissible continuations, exp(raw log-prob - constrained log-prob) = Z per action
+    token, averaged (1 = the model no longer needs the constraint)."""
     steps = [s for ep in episodes for s in ep.steps]
     halluc = [any(m in s.action_text for m in markers) for s in steps] if markers else [False] * len(steps)
-    return {
+    mass = [math.exp(r - c) for s in steps if s.unconstrained_logprobs is not None
+            for r, c in zip(s.unconstrained_logprobs, s.sampler_logprobs)]
+    extra = {f"{prefix}/constrained_mass": _mean(mass)} if mass else {}
+    return {**extra,
         f"{prefix}/success": _mean(ep.won for ep in episodes),
         f"{prefix}/return": _mean(ep.outcome for ep in episodes),
         f"{prefix}/turns": _mean(ep.num_turns for ep in episodes),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -371,6 +372,12 @@ def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
         assert (free[act] - raw).abs().max() < 1e-4
     sub = batch.rows(torch.tensor([1, 2]))
     assert sub.allowed.shape[:2] == sub.input_ids.shape
+    from harness.episode_metrics import episode_metrics
+    mass = episode_metrics(eps, "env")["env/constrained_mass"]
+    zs = [math.exp(r - c) for ep in eps for st in ep.steps
+          for r, c in zip(st.unconstrained_logprobs, st.sampler_logprobs)]
+    assert 0 < min(zs) and max(zs) <= 1 + 1e-5 and mass == pytest.approx(sum(zs) / len(zs))
+    assert "env/constrained_mass" not in episode_metrics(run(model, chat, TASKS[:2]), "env")
 
 
 def test_env_error_ends_episode(chat):
