@@ -103,6 +103,11 @@ def sweep(
     address: Optional[str] = typer.Option(None, "--address", help="--backend ray: the cluster to join "
                                           "(default: a local Ray instance on 127.0.0.1, --workers CPUs)."),
     retries: int = typer.Option(0, "--retries", min=0, help="--backend ray: run a failed point again up to N times."),
+    override: list[str] = typer.Option([], "--override", "-o", metavar="KEY=VALUE",
+                                       help="Set a dotted key in the base config of every point, e.g. -o "
+                                            "train.updates=1 for a smoke run (changes the point ids)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="0,1,...", help="Run these seeds instead of "
+                                        "the file's."),
 ) -> None:
     """Run (or resume) every point of a sweep file.
 
@@ -114,7 +119,13 @@ def sweep(
 
     if backend not in ("local", "ray"):
         _fail(f"--backend {backend!r} is not a backend; choose one of: local, ray", 2)
-    swp = load_sweep(file)
+    seed_list = None
+    if seeds is not None:
+        try:
+            seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            _fail(f"--seeds {seeds!r} is not a comma-separated list of integers (e.g. --seeds 0,1)", 2)
+    swp = load_sweep(file, list(override), seed_list)
     if dry_run:
         _print_points(swp, results)
         return

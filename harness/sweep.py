@@ -249,14 +249,28 @@ def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], 
                     f"{', '.join(a for a in covered if a != SEED_KEY)}.")
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read, validate and expand a sweep file (every point's config is fully checked)."""
+def load_sweep(path: str | Path, base_overrides: list[str] | tuple[str, ...] = (),
+               seeds: list[int] | None = None) -> Sweep:
+    """Read, validate and expand a sweep file (every point's config is fully checked).
+
+    base_overrides: `key=value` strings applied to the base config of every point (before the
+    point's own overrides), e.g. a short smoke run of a whole sweep with `train.updates=1`; they
+    change the config hash, so such points never mix with the full ones. seeds: replace the
+    file's seeds."""
+    from harness.loading import parse_override
+
     path = Path(path)
     spec = _read_spec(path)
     src = str(path)
-    if len(set(spec.seeds)) != len(spec.seeds):
-        raise ConfigError(f"{src}: seeds {spec.seeds} contain duplicates.")
+    if seeds is not None:
+        spec = spec.model_copy(update={"seeds": list(seeds)})
+    if len(set(spec.seeds)) != len(spec.seeds) or not spec.seeds:
+        raise ConfigError(f"{src}: seeds {spec.seeds} are empty or contain duplicates.")
     base = _base(spec, path)
+    if base_overrides:
+        parsed = dict(parse_override(o) for o in base_overrides)
+        base = apply_overrides(base, parsed, f"{src} (--override)")
+        validate_run_config(base, f"{src} (base with --override {' '.join(base_overrides)})")
     variants = _variants(spec, src)
     axes = declared_axes(spec, variants)
     points: list[Point] = []

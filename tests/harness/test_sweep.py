@@ -194,3 +194,19 @@ def test_manifest_lists_variants_and_baseline():
     json.dumps(manifest)  # serializable
     assert all(k in flatten(sweep.points[0].config.model_dump()) for v in manifest["variants"]
                for k in v["overrides"])
+
+
+def test_base_overrides_and_seeds_for_smoke_runs(tmp_path):
+    body = "name: t\nbase: base.yaml\ngrid: {algo.agg: [token-mean, seq-mean-token-sum]}\nseeds: [0, 1, 2]\n"
+    path = write_sweep(tmp_path, body)
+    full = load_sweep(path)
+    smoke = load_sweep(path, ["train.updates=1", "rollout.group_size=2"], seeds=[5])
+    assert [p.seed for p in smoke.points] == [5, 5]
+    assert all(p.config.train.updates == 1 and p.config.rollout.group_size == 2 for p in smoke.points)
+    assert {p.config.algo.agg for p in smoke.points} == {"token-mean", "seq-mean-token-sum"}
+    assert not {p.id for p in smoke.points} & {p.id for p in full.points}
+    assert smoke.axes == full.axes
+    with pytest.raises(ConfigError, match=r"rollout\.group_size = 0"):
+        load_sweep(path, ["rollout.group_size=0"])
+    with pytest.raises(ConfigError, match="duplicates"):
+        load_sweep(path, seeds=[1, 1])
