@@ -21,6 +21,13 @@ import typer
 from harness.config import RunConfig
 
 
+def bench_device(cfg: RunConfig) -> str:
+    """train.device, with auto = cuda when there is one (both sides of every ratio use it)."""
+    if cfg.train.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.train.device
+
+
 def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
     from harness.rollout_bench import bench_batched_vs_sequential, bench_turn_cost
     thr = bench_batched_vs_sequential(policy.model, policy.chat, cfg, batch=batch, turns=4)
@@ -34,7 +41,7 @@ def bench_logprob_memory(model, batch: int = 8, length: int = 512) -> dict:
     from harness.logprobs import peak_memory_ratio
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    ids = torch.randint(0, vocab, (batch, length), generator=g).to(next(model.parameters()).device)
     return peak_memory_ratio(model, ids, torch.ones_like(ids), chunk_size=256)
 
 
@@ -123,7 +130,7 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=n, num_generations=ro.group_size,
                           max_completion_length=ro.max_new_tokens, max_steps=steps + 1, report_to=[],
-                          use_cpu=True, beta=cfg.algo.kl.coef, temperature=ro.temperature,
+                          use_cpu=bench_device(cfg) == "cpu", beta=cfg.algo.kl.coef, temperature=ro.temperature,
                           learning_rate=cfg.algo.lr, save_strategy="no", disable_tqdm=True,
                           logging_steps=10**6, seed=cfg.train.seed)
         trainer = GRPOTrainer(model=base, reward_funcs=reward, args=args, processing_class=policy.tokenizer,
@@ -141,13 +148,15 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     out: dict = {"threads": torch.get_num_threads()}
-    policy = load_policy(cfg, cache_dir(), "cpu")
+    device = bench_device(cfg)
+    out["device"] = device
+    policy = load_policy(cfg, cache_dir(), device)
     policy.model.eval()
     if "rollout" in parts:
         out.update(bench_rollout(policy, cfg))
     if "memory" in parts:
         out["logprob_peak_memory"] = bench_logprob_memory(policy.model)
-        out["logprob_peak_memory_qwen05b_head"] = bench_logprob_memory(qwen05b_shaped_head_model(), 2, 512)
+        out["logprob_peak_memory_qwen05b_head"] = bench_logprob_memory(qwen05b_shaped_head_model().to(device), 2, 512)
     if "trl" in parts:
         ours, tokens = ours_update_seconds(cfg, steps)
         trl, trl_tokens = trl_step_seconds(cfg, steps)
