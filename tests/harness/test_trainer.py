@@ -121,3 +121,17 @@ def test_every_axis_runs_end_to_end(tmp_path, over):
         assert all(v == v for k, v in r.items() if k.startswith("loss/")), r  # no NaN losses
     assert any(r["diag/grad_norm"] > 0 for r in trained)  # the axis combination produced a gradient
     assert all("diag/kl_k3" in r for r in trained)  # KL to the reference is logged even without a KL term
+
+
+@pytest.mark.parametrize("policy", ["full", "window"])
+def test_constrained_decoding_trains_the_constrained_policy(tmp_path, policy):
+    """With rollout.constrain the trainer's behaviour log-probs equal the sampler's (constrained,
+    renormalised) ones, so the log-prob mismatch stays at float error and no action is unparsable."""
+    cfg = cfg_with(rollout={"constrain": True}, context={"policy": policy},
+                   train={"updates": 2, "eval_every": 0, "mi_every": 0})
+    rows, _ = run(cfg, tmp_path / "r")
+    for r in rows[1:]:
+        assert r["diag/logprob_mismatch_max"] < 1e-4
+        assert r["env/format_error_rate"] == 0.0
+        assert 0.0 < r["env/constrained_mass"] <= 1.0
+    assert rows[0]["eval_greedy/format_error_rate"] == 0.0
