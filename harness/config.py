@@ -197,7 +197,8 @@ class SFTConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = F("hf", "Generation backend (vllm: GPU machines only).")
+    backend: Literal["hf", "vllm"] = F("hf", "Generation backend. Only 'hf' (our batched sampler with KV "
+                                       "reuse) is implemented; 'vllm' is reserved and rejected.")
     group_size: int = F(8, "G rollouts per task instance (one group).", ge=1)
     tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1)
     temperature: float = F(1.0, "Sampling temperature (guide: 0.7 for PPO).", gt=0)
@@ -248,6 +249,7 @@ class RunConfig(Strict):
         if self.sft.budget is not None and self.sft.demos * self.sft.demo_cost > self.sft.budget:
             raise ValueError(f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
                              f"sft.budget = {self.sft.budget}")
-        if self.rollout.backend == "vllm" and self.model.name == "tiny":
-            raise ValueError("rollout.backend 'vllm' needs a Hugging Face model, not model.name 'tiny'")
+        if self.rollout.backend == "vllm":
+            raise ValueError("rollout.backend 'vllm' is not implemented yet (vLLM could not be installed where "
+                             "this version was built and tested); use 'hf'")
         return self

@@ -101,6 +101,7 @@ MALFORMED = {
                            ["algo.adv.estimator = 'grpoo'", "rloo", "set by -o algo.adv.estimator"]),
     "unknown-override-key": ("", ["algo.clip.epslow=0.1"], ["'algo.clip.epslow'", "eps_low", "set by -o"]),
     "bad-preset": ("algo:\n  preset: dapo\n", [], ["algo.preset = 'dapo'", "ppo", "grpo"]),
+    "vllm-not-implemented": ("rollout:\n  backend: vllm\n", [], ["rollout.backend 'vllm' is not implemented", "'hf'"]),
 }
 
 
