@@ -35,6 +35,8 @@ class KLSpikeDetector:
     multiple:   if set, spike when `kl > multiple * ema` instead of the z-score test.
     min_rel_std: the std used in the z-score is at least `min_rel_std * |ema|`, so a perfectly
                 smooth series (EMA variance ~ 0) is not flagged for float jitter.
+    min_std:    and at least this many nats (after a first update at KL exactly 0 the EMA
+                variance is 0, which gave z-scores of 1e11).
     max_kl:     a mean k3 KL above this is always a spike, warm-up or not (the collapse run
                 jumped from 0 to 6.2 nats at its second update, inside the warm-up).
     min_kl:     no spike below this absolute mean k3 KL (nats per token). Measured on the tiny
@@ -47,27 +49,28 @@ class KLSpikeDetector:
     """
 
     def __init__(self, z: float = 4.0, alpha: float = 0.1, warmup: int = 5, multiple: float | None = None,
-                 min_rel_std: float = 0.05, min_kl: float = 0.2, max_kl: float = 1.0):
+                 min_rel_std: float = 0.05, min_kl: float = 0.2, max_kl: float = 1.0, min_std: float = 0.01):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"KLSpikeDetector: alpha must be in (0, 1], got {alpha}")
         if multiple is not None and multiple <= 1.0:
             raise ValueError(f"KLSpikeDetector: multiple must be > 1 (a factor over the EMA), got {multiple}")
         self.z, self.alpha, self.warmup, self.multiple, self.min_rel_std = z, alpha, warmup, multiple, min_rel_std
-        self.min_kl, self.max_kl = min_kl, max_kl
+        self.min_kl, self.max_kl, self.min_std = min_kl, max_kl, min_std
         self.count, self.mean, self.var = 0, 0.0, 0.0
 
     def _std(self) -> float:
-        return max(math.sqrt(self.var), self.min_rel_std * abs(self.mean), 1e-12)
+        return max(math.sqrt(self.var), self.min_rel_std * abs(self.mean), self.min_std, 1e-12)
 
     def update(self, value: float) -> dict[str, float]:
         """Feed one update's mean KL; returns diag/kl_ema (the baseline it was compared with),
-        diag/kl_zscore and diag/kl_spike (0/1)."""
+        diag/kl_zscore, diag/kl_spike (0/1) and diag/kl_blowup (0/1: above max_kl or non-finite)."""
         value = float(value)
         if not math.isfinite(value):
-            return {"diag/kl_ema": self.mean, "diag/kl_zscore": math.inf, "diag/kl_spike": 1.0}
+            return {"diag/kl_ema": self.mean, "diag/kl_zscore": math.inf, "diag/kl_spike": 1.0, "diag/kl_blowup": 1.0}
+        blowup = float(value > self.max_kl)
         if self.count == 0:
             self.count, self.mean, self.var = 1, value, 0.0
-            return {"diag/kl_ema": value, "diag/kl_zscore": 0.0, "diag/kl_spike": 0.0}
+            return {"diag/kl_ema": value, "diag/kl_zscore": 0.0, "diag/kl_spike": blowup, "diag/kl_blowup": blowup}
         baseline, zscore = self.mean, (value - self.mean) / self._std()
         if self.multiple is not None:
             spike = value > self.multiple * baseline
@@ -78,7 +81,8 @@ class KLSpikeDetector:
         self.mean += self.alpha * diff
         self.var = (1.0 - self.alpha) * (self.var + self.alpha * diff * diff)
         self.count += 1
-        return {"diag/kl_ema": baseline, "diag/kl_zscore": zscore, "diag/kl_spike": float(spike)}
+        return {"diag/kl_ema": baseline, "diag/kl_zscore": zscore, "diag/kl_spike": float(spike),
+                "diag/kl_blowup": blowup}
 
     def state_dict(self) -> dict[str, float]:
         return {"count": self.count, "mean": self.mean, "var": self.var}
@@ -148,13 +152,18 @@ class CollapseMonitor:
     `update(step, metrics)` reads `diag/kl_k3` (KL spike) and `env/group_reward_std` (echo
     trap) from the update's metrics when present (a run without a reference model has no KL)
     and returns the detectors' diag/... metrics plus diag/collapsed (0/1, stays 1).
-    `collapsed_at`: None, or {"update": k, "reason": "kl_spike" | "echo_trap"} of the first
-    event; `events` lists every event (each KL spike, the echo trap once).
+    `events` lists every event: each KL spike (the EMA z-test, a warning), each KL blow-up
+    (mean k3 above the detector's max_kl, 1 nat by default) and the echo trap once.
+    `collapsed_at`: None, or {"update": k, "reason": "kl_blowup" | "echo_trap"} of the first
+    *collapse* event. A z-test spike alone is not a collapse: on the tiny FrozenLake clipping
+    sweep, healthy runs had single-update spikes of 0.22-0.27 nats that fell back to 0.01 at
+    the next update with success unchanged, while the collapse run went from 0 to 6.2 nats.
     `should_stop`: an event whose reason is in `stop_on` has happened (optional early stop;
     RAGEN stops on "echo_trap"; default: never).
     """
 
-    REASONS = ("kl_spike", "echo_trap")
+    REASONS = ("kl_spike", "kl_blowup", "echo_trap")
+    COLLAPSE = ("kl_blowup", "echo_trap")
 
     def __init__(self, kl: KLSpikeDetector | None = None, echo: EchoTrapDetector | None = None,
                  stop_on: Sequence[str] = ()):
@@ -168,7 +177,8 @@ class CollapseMonitor:
 
     @property
     def collapsed_at(self) -> dict[str, Any] | None:
-        return dict(self.events[0]) if self.events else None
+        first = next((e for e in self.events if e["reason"] in self.COLLAPSE), None)
+        return dict(first) if first else None
 
     @property
     def should_stop(self) -> bool:
@@ -178,14 +188,16 @@ class CollapseMonitor:
         out: dict[str, float] = {}
         if KL_KEY in metrics:
             out.update(self.kl.update(metrics[KL_KEY]))
-            if out["diag/kl_spike"]:
+            if out["diag/kl_blowup"]:
+                self.events.append({"update": int(step), "reason": "kl_blowup"})
+            elif out["diag/kl_spike"]:
                 self.events.append({"update": int(step), "reason": "kl_spike"})
         if GROUP_STD_KEY in metrics:
             fired_before = self.echo.fired_at is not None
             out.update(self.echo.update(metrics[GROUP_STD_KEY], step))
             if not fired_before and self.echo.fired_at is not None:
                 self.events.append({"update": self.echo.fired_at, "reason": "echo_trap"})
-        out["diag/collapsed"] = float(bool(self.events))
+        out["diag/collapsed"] = float(self.collapsed_at is not None)
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -237,3 +237,19 @@ def test_cross_prompt_similarity_sampling_is_deterministic_and_bounded():
     b = cross_prompt_similarity(responses, ids, max_pairs=500, seed=1)
     exact = cross_prompt_similarity(responses, ids, max_pairs=10**6)
     assert a == b and abs(a - exact) < 0.05
+
+
+def test_a_transient_kl_spike_is_a_warning_and_a_blowup_is_a_collapse():
+    """Measured on the clipping sweep: a healthy run's KL went 0.02 -> 0.27 -> 0.006; the
+    collapse run went 0 -> 6.2. Only the second is a collapse."""
+    mon = CollapseMonitor()
+    healthy = [0.0, 0.002, 0.007, 0.014, 0.003, 0.021, 0.022, 0.185, 0.273, 0.006, 0.022]
+    outs = [mon.update(i + 1, {"diag/kl_k3": v}) for i, v in enumerate(healthy)]
+    assert abs(outs[1]["diag/kl_zscore"]) < 1.0  # no 1e11 z-score after a first KL of exactly 0
+    assert any(o["diag/kl_spike"] for o in outs) and not any(o["diag/kl_blowup"] for o in outs)
+    assert mon.events and all(e["reason"] == "kl_spike" for e in mon.events)
+    assert mon.collapsed_at is None and outs[-1]["diag/collapsed"] == 0.0
+    collapse = CollapseMonitor(stop_on=("kl_blowup",))
+    outs = [collapse.update(i + 1, {"diag/kl_k3": v}) for i, v in enumerate([0.0, 6.2, 5.6])]
+    assert collapse.collapsed_at == {"update": 2, "reason": "kl_blowup"} and collapse.should_stop
+    assert [o["diag/collapsed"] for o in outs] == [0.0, 1.0, 1.0]
