@@ -65,18 +65,28 @@ def _run(model, chat, cfg, make_venv, tasks, turns, seed, **kw):
 
 
 def bench_batched_vs_sequential(model, chat: ChatFormat, cfg: RunConfig, *, batch: int = 16, turns: int = 4,
-                                seed: int = 0, make_venv: Callable[[int], object] = SyntheticVectorEnv) -> dict:
-    """Rollout tokens/s of `batch` episodes in lock-step vs one at a time (same tasks)."""
+                                seed: int = 0, repeats: int = 3,
+                                make_venv: Callable[[int], object] = SyntheticVectorEnv) -> dict:
+    """Rollout tokens/s of `batch` episodes in lock-step vs the same episodes one at a time.
+
+    Each side is measured `repeats` times, interleaved, and the median throughput is kept: a
+    single batched rollout of the tiny model lasts well under a second, and single samples
+    varied from 3.5x to 4.2x on an idle 2-core machine."""
     tasks = [(i, i) for i in range(batch)]
     _run(model, chat, cfg, make_venv, tasks[:1], 1, seed)  # warm-up
-    tok_b, wall_b, _ = _run(model, chat, cfg, make_venv, tasks, turns, seed)
-    tok_s, wall_s = 0, 0.0
-    for task in tasks:
-        n, w, _ = _run(model, chat, cfg, make_venv, [task], turns, seed)
-        tok_s, wall_s = tok_s + n, wall_s + w
-    b, s = tok_b / wall_b, tok_s / wall_s
-    return {"batch": batch, "turns": turns, "batched_tokens_per_s": b, "sequential_tokens_per_s": s,
-            "speedup": b / s}
+    batched, sequential = [], []
+    for _ in range(repeats):
+        tok_b, wall_b, _ = _run(model, chat, cfg, make_venv, tasks, turns, seed)
+        batched.append(tok_b / wall_b)
+        tok_s, wall_s = 0, 0.0
+        for task in tasks:
+            n, w, _ = _run(model, chat, cfg, make_venv, [task], turns, seed)
+            tok_s, wall_s = tok_s + n, wall_s + w
+        sequential.append(tok_s / wall_s)
+    b, s = statistics.median(batched), statistics.median(sequential)
+    return {"batch": batch, "turns": turns, "repeats": repeats, "batched_tokens_per_s": b,
+            "sequential_tokens_per_s": s, "speedup": b / s,
+            "speedup_per_repeat": [x / y for x, y in zip(batched, sequential)]}
 
 
 def bench_turn_cost(model, chat: ChatFormat, cfg: RunConfig, *, batch: int = 16, turns: int = 8,
