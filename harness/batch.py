@@ -192,7 +192,9 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         traj_id=_pad(rows["traj"], -1, LONG),
         sampler_logp=_pad(rows["slp"], 0.0, torch.float32),
         stream_pos=_pad(rows["pos"], -1, LONG),
-        allowed=_pad_allowed(rows["allow"]),
+        # only constrained rollouts carry admissible sets: skip the per-token scan otherwise
+        allowed=(_pad_allowed(rows["allow"])
+                 if any(st.allowed_ids is not None for ep in episodes for st in ep.steps) else None),
         stream_mask=_pad([s.action for s in streams], 0, torch.float32)[:, :Ts],
         stream_turn=_pad([s.turn for s in streams], -1, LONG)[:, :Ts],
         rewards=torch.tensor([ep.outcome for ep in episodes], dtype=torch.float32),

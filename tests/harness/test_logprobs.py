@@ -18,6 +18,17 @@ def _model(vocab=300, hidden=32, seed=0):
     return Qwen2ForCausalLM(cfg).eval()
 
 
+class WrappedHead(nn.Module):
+    """An output layer that is not a plain nn.Linear: exercises the checkpointed fallback path."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, h):
+        return self.lin(h)
+
+
 def _batch(vocab=300, B=3, T=40, seed=1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (B, T), generator=g)
@@ -83,15 +94,7 @@ def test_token_mask_and_generic_head():
         lp0, _ = naive_token_logprobs(model, ids, mask)
     torch.testing.assert_close(lp, lp0 * tmask, atol=1e-5, rtol=0)
 
-    class Wrapped(nn.Module):  # not a plain nn.Linear: the checkpointed fallback path
-        def __init__(self, lin):
-            super().__init__()
-            self.lin = lin
-
-        def forward(self, h):
-            return self.lin(h)
-
-    model.lm_head = Wrapped(model.lm_head)
+    model.lm_head = WrappedHead(model.lm_head)
     hid = hidden_states(model, ids, mask).detach().requires_grad_(True)
     lp2, ent2 = logprobs_from_hidden(model, hid, ids, mask, chunk_size=4, with_entropy=True)
     lp2.sum().backward()
@@ -156,14 +159,7 @@ def test_constrained_values_and_gradients_equal_naive(generic_head):
     on the fused path and on the checkpointed generic-head path."""
     model, (ids, mask) = _model(), _batch()
     if generic_head:
-        class Wrapped(nn.Module):
-            def __init__(self, lin):
-                super().__init__()
-                self.lin = lin
-
-            def forward(self, h):
-                return self.lin(h)
-        model.lm_head = Wrapped(model.lm_head)
+        model.lm_head = WrappedHead(model.lm_head)
     al = _allowed(ids)
     w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
     hid0 = hidden_states(model, ids, mask).detach()
