@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.harness-installed-$(shell $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(open('pyproject.toml','rb').read()).hexdigest()[:12])")
 PYTEST_ARGS ?= -m "not slow and not gpu" -q
 
-.PHONY: setup test test-all sweep clean-venv
+.PHONY: setup lint test test-all sweep docs clean-venv
 
 setup: $(STAMP)
 
@@ -15,15 +15,22 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# No NVIDIA GPU: take the CPU wheel of torch (an unpinned torch pulls a multi-GB CUDA build).
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "torch==2.13.0"; fi
-	$(PY) -m pip install -q -e '.[dist]'  # ray: the Ray-backend tests run against a real local cluster
+	$(PY) -m pip install -q -e '.[dist,dev]'  # ray: the Ray-backend tests run against a real local cluster; ruff
 	@rm -f $(VENV)/.harness-installed-*
 	@touch $@
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: setup
+test-all: lint
 	$(PY) -m pytest -q
+
+docs: setup
+	$(VENV)/bin/harness axes --write-doc docs/algorithms.md
 
 sweep: setup
 	$(VENV)/bin/harness sweep sweeps/clipping.yaml --workers 2

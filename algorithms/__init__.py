@@ -1,4 +1,4 @@
-"""The ablation axes: registries of small pure torch functions (see shared REFERENCE.md).
+"""The ablation axes: registries of small pure torch functions (math: docs/algorithms.md).
 
 `AXES` maps each dotted config key to its registry; the config loader validates YAML
 against it and `harness axes` prints each entry's doc and source.

@@ -1,4 +1,4 @@
-"""`algo.adv.estimator`: advantage estimators (REFERENCE section 4).
+"""`algo.adv.estimator`: advantage estimators (docs/algorithms.md section 4).
 
 Signature: `fn(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput` with
 `advantages (N,T)` exactly 0 outside `inputs.mask`. Advantages are computed without grad.
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from .registry import Registry
-from .types import AdvantageInputs, AdvantageOutput, AdvantageParams
+from .types import AdvantageFn, AdvantageInputs, AdvantageOutput, AdvantageParams
 from .utils import group_stats, masked_sum, masked_whiten, turn_rewards_to_tokens
 
-ADVANTAGE = Registry("algo.adv.estimator", "advantage estimator")
+ADVANTAGE: Registry[AdvantageFn] = Registry("algo.adv.estimator", "advantage estimator")
 
 
 def broadcast(a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

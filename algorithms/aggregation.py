@@ -1,4 +1,4 @@
-"""`algo.agg`: how per-token losses become one scalar (REFERENCE section 3).
+"""`algo.agg`: how per-token losses become one scalar (docs/algorithms.md section 3).
 
 Signature: `fn(loss (B,T), mask (B,T), params: AggParams) -> 0-dim tensor`.
 Rows whose mask is all zero are excluded from every sequence count. With micro-batching,
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from .registry import Registry
-from .types import AggParams
+from .types import AggParams, AggregationFn
 from .utils import masked_sum
 
-AGGREGATION = Registry("algo.agg", "loss aggregation over tokens and sequences")
+AGGREGATION: Registry[AggregationFn] = Registry("algo.agg", "loss aggregation over tokens and sequences")
 
 
 def global_counts(mask: torch.Tensor) -> AggParams:
@@ -56,14 +56,14 @@ def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor,
 
 
 @AGGREGATION.register("seq-mean-token-sum-norm",
-                      doc="sum(L*M) / (B * t_const), t_const a fixed config length (Dr.GRPO)",
+                      doc="sum(L*M) / (B * agg_len), agg_len a fixed config length (Dr.GRPO)",
                       source="Dr.GRPO (Liu et al. 2025); TRL loss_type=dr_grpo")
 def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor,
                             params: AggParams = AggParams()):
-    """loss, mask (B,T) -> (). Divides by B * t_const as TRL does (B = non-empty rows);
-    verl divides by t_const only, a constant factor B apart. Never the batch's own max."""
-    if params.t_const is None or params.t_const <= 0:
-        raise ValueError("algo.agg seq-mean-token-sum-norm needs a positive t_const "
-                         "(the fixed max response length), got " + repr(params.t_const))
+    """loss, mask (B,T) -> (). Divides by B * agg_len as TRL does (B = non-empty rows);
+    verl divides by agg_len only, a constant factor B apart. Never the batch's own max."""
+    if params.agg_len is None or params.agg_len <= 0:
+        raise ValueError("algo.agg seq-mean-token-sum-norm needs a positive agg_len "
+                         "(the fixed max response length), got " + repr(params.agg_len))
     rows = (mask.bool().sum(1) > 0).sum().to(loss.dtype)
-    return masked_sum(loss, mask) / (_denominator(rows, params.num_seqs) * params.t_const)
+    return masked_sum(loss, mask) / (_denominator(rows, params.num_seqs) * params.agg_len)

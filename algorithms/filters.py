@@ -1,4 +1,4 @@
-"""`algo.filter.name`: dynamic filtering of rollout groups before the update (REFERENCE 5).
+"""`algo.filter.name`: dynamic filtering of rollout groups before the update (docs/algorithms.md section 5).
 
 Signature: `fn(rewards (N,), group (N,), params: FilterParams) -> FilterResult` with
 `keep (N,)` bool over trajectories (a group is kept or dropped whole) and 0-dim stats
@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from .registry import Registry
-from .types import EmptyBatchError, FilterParams, FilterResult
+from .types import EmptyBatchError, FilterFn, FilterParams, FilterResult
 from .utils import dense_ids, group_stats
 
-GROUP_FILTER = Registry("algo.filter.name", "dynamic filtering of rollout groups")
+GROUP_FILTER: Registry[FilterFn] = Registry("algo.filter.name", "dynamic filtering of rollout groups")
 
 
 def group_scores(rewards: torch.Tensor, group: torch.Tensor):
@@ -66,7 +66,7 @@ def _order(score: torch.Tensor) -> torch.Tensor:
 
 
 @GROUP_FILTER.register("ragen_top_p",
-                       doc="shortest top-std prefix holding >= p of the total std score",
+                       doc="shortest top-std prefix holding >= top_p of the total std score",
                        source="RAGEN-2 / StarPO-S (Wang et al. 2025)")
 def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Sort groups by score desc; keep the shortest prefix with cumsum >= p * total;
@@ -83,7 +83,7 @@ def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> Filter
     return _result("ragen_top_p", keep & (score > 0), inv, zero_var)
 
 
-@GROUP_FILTER.register("ragen_top_k", doc="keep the top fraction k of groups by std score",
+@GROUP_FILTER.register("ragen_top_k", doc="keep the top fraction top_k of groups by std score",
                        source="RAGEN (Wang et al. 2025) rollout_filter_ratio")
 def ragen_top_k(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Keep max(1, floor(k * G)) highest-score groups (RAGEN's int(ratio * G)); as in RAGEN

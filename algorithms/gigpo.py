@@ -1,10 +1,10 @@
 """GiGPO (verl-agent, Feng et al. 2025): episode-level + anchor-state step-level advantages.
 
-A_{i,k} = A^E_i + step_weight * A^S_{i,t(k)} on every trained token k of turn t(k).
+A_{i,k} = A^E_i + gigpo_step_weight * A^S_{i,t(k)} on every trained token k of turn t(k).
 - A^E: the group's outcome rewards, normalised per `gigpo_mode`. Statistics over the
-  group's trajectories by default (the paper); `episode_stats="steps"` counts each trajectory
+  group's trajectories by default (the paper); `gigpo_episode_stats="steps"` counts each trajectory
   once per valid turn as verl-agent's `compute_mean_std_cross_steps=True` does.
-- A^S: step returns R_{i,t} = sum_{t'>=t} step_gamma^{t'-t} r_{i,t'} (outcome included at
+- A^S: step returns R_{i,t} = sum_{t'>=t} gigpo_gamma^{t'-t} r_{i,t'} (outcome included at
   the last turn, see AdvantageInputs), normalised within step groups = turns of the same
   rollout group with the same anchor state id. Singleton step groups get A^S = 0.
 `gigpo_mode` applies to both levels as in verl-agent's code ("mean_norm" drops the std).
@@ -19,14 +19,14 @@ from .types import AdvantageInputs, AdvantageOutput, AdvantageParams
 from .utils import dense_ids, group_stats
 
 GIGPO_MODES = ("mean_std_norm", "mean_norm")
-EPISODE_STATS = ("trajectories", "steps", "trajectory", "step")  # singular = alias
+EPISODE_STATS = ("trajectories", "steps")
 
 
 def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
     if params.gigpo_mode not in GIGPO_MODES:
         raise ValueError(f"gigpo mode {params.gigpo_mode!r}; choose one of {GIGPO_MODES}")
-    if params.episode_stats not in EPISODE_STATS:
-        raise ValueError(f"gigpo episode_stats {params.episode_stats!r}; "
+    if params.gigpo_episode_stats not in EPISODE_STATS:
+        raise ValueError(f"gigpo_episode_stats {params.gigpo_episode_stats!r}; "
                          f"choose one of {EPISODE_STATS}")
     if inputs.anchor is None or inputs.turn_rewards is None or inputs.turn_mask is None:
         raise ValueError("algo.adv.estimator gigpo needs anchor, turn_rewards and turn_mask")
@@ -35,7 +35,7 @@ def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
 def episode_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Tensor:
     """A^E (N,) from the outcome rewards of each rollout group."""
     R = inputs.rewards.float()
-    weight = inputs.turn_mask.bool().sum(1) if params.episode_stats in ("steps", "step") else None
+    weight = inputs.turn_mask.bool().sum(1) if params.gigpo_episode_stats == "steps" else None
     mean, std, _ = group_baseline(R, inputs.group, weight)
     a = R - mean
     return a / (std + params.eps) if params.gigpo_mode == "mean_std_norm" else a
@@ -45,7 +45,7 @@ def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Te
     """A^S (N,K) over anchor-state step groups; 0 on invalid turns and singleton groups."""
     tm = inputs.turn_mask.bool()  # (N,K)
     ret = discounted_chain(inputs.turn_rewards.float(), torch.zeros_like(tm, dtype=torch.float),
-                           tm, params.step_gamma, 1.0)  # (N,K) step returns
+                           tm, params.gigpo_gamma, 1.0)  # (N,K) step returns
     g_inv, _ = dense_ids(inputs.group)
     a_inv, n_anchor = dense_ids(inputs.anchor[tm])
     key = g_inv[:, None].expand_as(tm)[tm] * n_anchor + a_inv  # (M,) (group, anchor)
@@ -59,7 +59,7 @@ def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Te
 
 
 @ADVANTAGE.register("gigpo",
-                    doc="episode group advantage + step_weight * anchor-state step advantage",
+                    doc="episode group advantage + gigpo_step_weight * anchor-state step advantage",
                     source="verl-agent GiGPO (Feng et al. 2025)")
 @torch.no_grad()
 def gigpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
@@ -70,5 +70,5 @@ def gigpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     ti = inputs.turn_index.long()
     on_turn = inputs.mask.bool() & (ti >= 0)
     step_tok = a_st.gather(1, ti.clamp(0, a_st.shape[1] - 1))  # (N,T)
-    adv = a_ep + params.step_weight * torch.where(on_turn, step_tok, 0.0)
+    adv = a_ep + params.gigpo_step_weight * torch.where(on_turn, step_tok, 0.0)
     return AdvantageOutput(adv)

@@ -1,5 +1,5 @@
 """`algo.kl.estimator`: per-token KL estimators to the reference policy, and entropy
-(REFERENCE section 6).
+(docs/algorithms.md section 6).
 
 Signature: `fn(logp (B,T), ref_logp (B,T)) -> kl (B,T)` with d = logp - ref_logp, samples
 from the current policy. Placement (`algo.kl.where`: loss or reward) is the trainer's; for
@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .registry import Registry
+from .types import KLFn
 
-KL_ESTIMATOR = Registry("algo.kl.estimator", "KL(pi || pi_ref) estimator per token")
+KL_ESTIMATOR: Registry[KLFn] = Registry("algo.kl.estimator", "KL(pi || pi_ref) estimator per token")
 
 # Like the ratio clamp of the policy loss; verl clamps only k3's *output* to [-10, 10],
 # which also zeroes its gradient there. Clamping d keeps exp finite and the gradient alive.

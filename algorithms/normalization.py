@@ -1,4 +1,4 @@
-"""`algo.adv.norm`: the scope advantages are normalised over (REFERENCE section 4).
+"""`algo.adv.norm`: the scope advantages are normalised over (docs/algorithms.md section 4).
 
 Signature: `fn(advantages (N,T), inputs: AdvantageInputs, params: AdvantageParams)
 -> advantages (N,T)`, applied after the estimator; 0 outside `inputs.mask` stays 0.
@@ -11,10 +11,10 @@ import torch
 
 from .advantage import broadcast, group_baseline
 from .registry import Registry
-from .types import AdvantageInputs, AdvantageParams
+from .types import AdvantageInputs, AdvantageParams, NormFn
 from .utils import group_stats, masked_whiten
 
-ADV_NORM = Registry("algo.adv.norm", "normalization scope of the advantages")
+ADV_NORM: Registry[NormFn] = Registry("algo.adv.norm", "normalization scope of the advantages")
 
 # env_std replaces (R - group mean) / group std by (R - group mean) / env std: the same
 # numerator as these estimators, so it is ERPO whichever of them a sweep holds fixed.

@@ -1,4 +1,4 @@
-"""`algo.clip.level`: importance ratio and clipping (REFERENCE section 2).
+"""`algo.clip.level`: importance ratio and clipping (docs/algorithms.md section 2).
 
 Signature: `fn(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams)
 -> (loss (B,T), stats)`. All tensors (B,T); `action_id` / `traj_id` int ids of the
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from .registry import Registry
-from .types import ClipParams
+from .types import ClipParams, PolicyLossFn
 from .utils import masked_mean, segment_mean
 
-POLICY_LOSS = Registry("algo.clip.level", "importance-ratio level and clipping of the policy loss")
+POLICY_LOSS: Registry[PolicyLossFn] = Registry("algo.clip.level", "importance-ratio level and clipping of the policy loss")
 
 
 def _log_ratio(logp, old_logp, mask, params: ClipParams) -> torch.Tensor:
@@ -31,8 +31,8 @@ def clipped_objective(ratio, advantages, mask, params: ClipParams):
     clipped = ratio.clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
     loss = torch.maximum(-adv * ratio, -adv * clipped)
     dual = torch.zeros_like(m)
-    if params.dual_clip_c is not None:
-        bound = -params.dual_clip_c * adv
+    if params.dual_c is not None:
+        bound = -params.dual_c * adv
         dual = m & (adv < 0) & (bound < loss)
         loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
     loss = torch.where(m, loss, torch.zeros_like(loss))

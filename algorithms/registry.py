@@ -1,13 +1,16 @@
 """A small registry: name -> function, with a doc line and a source for each entry.
 
-Every ablation axis is one `Registry`. The trainer looks functions up by the name a user
-wrote in YAML; `harness axes` prints the entries. Registering a name twice is an error and
-an unknown name lists the valid choices.
+Every ablation axis is one `Registry[Fn]`, typed with that axis's signature Protocol
+(`algorithms.types`). The trainer looks functions up by the name a user wrote in YAML;
+`harness axes` prints the entries and docs/algorithms.md lists them. Registering a name twice
+is an error and an unknown name lists the valid choices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 
 class UnknownChoiceError(KeyError):
@@ -22,23 +25,23 @@ class UnknownChoiceError(KeyError):
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(Generic[Fn]):
     name: str
-    fn: Callable[..., Any]
+    fn: Fn
     doc: str
     source: str
 
 
-class Registry:
+class Registry(Generic[Fn]):
     """One axis: a mapping from the name users write to one function of a fixed signature."""
 
     def __init__(self, axis: str, doc: str):
         self.axis = axis  # dotted config key, e.g. "algo.clip.level"
         self.doc = doc
-        self._entries: dict[str, Entry] = {}
+        self._entries: dict[str, Entry[Fn]] = {}
 
-    def register(self, name: str, *, doc: str, source: str = "") -> Callable:
-        def deco(fn: Callable) -> Callable:
+    def register(self, name: str, *, doc: str, source: str = "") -> Callable[[Fn], Fn]:
+        def deco(fn: Fn) -> Fn:
             if name in self._entries:
                 raise ValueError(f"{self.axis}: {name!r} is registered twice")
             self._entries[name] = Entry(name, fn, doc.strip(), source.strip())
@@ -46,10 +49,10 @@ class Registry:
 
         return deco
 
-    def get(self, name: str) -> Callable:
+    def get(self, name: str) -> Fn:
         return self.entry(name).fn
 
-    def entry(self, name: str) -> Entry:
+    def entry(self, name: str) -> Entry[Fn]:
         try:
             return self._entries[name]
         except KeyError:
@@ -61,7 +64,7 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
-    def __iter__(self) -> Iterator[Entry]:
+    def __iter__(self) -> Iterator[Entry[Fn]]:
         return iter(self._entries.values())
 
     def __len__(self) -> int:

@@ -1,4 +1,9 @@
-"""The fixed inputs, parameters and outputs of every axis (plain dataclasses of tensors).
+"""The fixed inputs, parameters, outputs and call signatures of every axis.
+
+Inputs and outputs are plain dataclasses of tensors; each axis's signature is a Protocol that its
+registry is typed with (`Registry[PolicyLossFn]`, ...). A params field carries the name of the
+config key it comes from (`ClipParams.eps_low` <- `algo.clip.eps_low`), so the trainer builds
+params from config sections by name. Math of every value: docs/algorithms.md.
 
 Shapes: `N` trajectories in concatenated token form, `T` tokens, `K` turns (padded);
 `B` training rows (one per trajectory or one per turn, depending on the layout).
@@ -6,7 +11,7 @@ Shapes: `N` trajectories in concatenated token form, `T` tokens, `K` turns (padd
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
@@ -22,7 +27,7 @@ class EmptyBatchError(RuntimeError):
         self.stats = stats or {}
 
 
-# ------------------------------------------------------------------ advantages (section 4)
+# ------------------------------------------------------------------ advantages (docs/algorithms.md section 4)
 @dataclass
 class AdvantageInputs:
     """What every advantage estimator and normalization scope reads.
@@ -56,11 +61,11 @@ class AdvantageInputs:
 class AdvantageParams:
     """gamma, lam: token-level discount and GAE lambda (gae, reinforce_pp; Practitioner's
     Guide best gamma = 1). eps: added to group std (grpo, verl/TRL 1e-6).
-    step_gamma: turn-level discount of GiGPO step returns (verl-agent scripts 0.95).
-    step_weight: omega in A = A^E + omega A^S (GiGPO, 1.0). gigpo_mode: "mean_norm"
-    (verl-agent code default, as algo.adv.gigpo_mode) or "mean_std_norm" (paper), applied to
-    both levels as verl-agent does.
-    episode_stats: "trajectories" (paper: one sample per trajectory, default) or "steps"
+    gigpo_gamma: turn-level discount of GiGPO step returns (verl-agent scripts 0.95).
+    gigpo_step_weight: omega in A = A^E + omega A^S (GiGPO, 1.0). gigpo_mode: "mean_norm"
+    (verl-agent code default) or "mean_std_norm" (paper), applied to both levels as
+    verl-agent does.
+    gigpo_episode_stats: "trajectories" (paper: one sample per trajectory, default) or "steps"
     (verl-agent compute_mean_std_cross_steps: one sample per turn, longer episodes weigh more).
     whiten_eps: eps inside rsqrt(var + eps) for batch whitening (verl 1e-8).
     """
@@ -68,10 +73,10 @@ class AdvantageParams:
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6
-    step_gamma: float = 0.95
-    step_weight: float = 1.0
+    gigpo_gamma: float = 0.95
+    gigpo_step_weight: float = 1.0
     gigpo_mode: str = "mean_norm"
-    episode_stats: str = "trajectories"
+    gigpo_episode_stats: str = "trajectories"
     whiten_eps: float = 1e-8
 
 
@@ -83,38 +88,38 @@ class AdvantageOutput:
     returns: Optional[torch.Tensor] = None
 
 
-# ------------------------------------------------------------------ policy loss (section 2)
+# ------------------------------------------------------------------ policy loss (docs/algorithms.md section 2)
 @dataclass(frozen=True)
 class ClipParams:
     """eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low = DAPO
-    clip-higher). dual_clip_c: dual-clip bound c > 1 for A < 0, None = off (verl uses 3).
+    clip-higher). dual_c: dual-clip bound c > 1 for A < 0, None = off (verl uses 3).
     log_ratio_clamp: |logp - old_logp| clamped before exp (verl 20)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.2
-    dual_clip_c: Optional[float] = None
+    dual_c: Optional[float] = None
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self):
         if self.eps_low < 0 or self.eps_high < 0:
             raise ValueError(f"clip eps must be >= 0, got {self.eps_low}, {self.eps_high}")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            raise ValueError(f"algo.clip.c (dual clip) must be > 1, got {self.dual_clip_c}")
+        if self.dual_c is not None and self.dual_c <= 1.0:
+            raise ValueError(f"algo.clip.dual_c (dual clip) must be > 1, got {self.dual_c}")
 
 
-# ------------------------------------------------------------------ aggregation (section 3)
+# ------------------------------------------------------------------ aggregation (docs/algorithms.md section 3)
 @dataclass(frozen=True)
 class AggParams:
     """Global denominators for micro-batching: num_tokens = trained tokens, num_seqs = rows
     with at least one trained token, both counted over the WHOLE mini-batch (None = this
-    call's own). t_const: the fixed length of seq-mean-token-sum-norm (required there)."""
+    call's own). agg_len: the fixed length T_const of seq-mean-token-sum-norm (required there)."""
 
     num_tokens: Optional[float] = None
     num_seqs: Optional[float] = None
-    t_const: Optional[int] = None
+    agg_len: Optional[int] = None
 
 
-# ------------------------------------------------------------------ filters (section 5)
+# ------------------------------------------------------------------ filters (docs/algorithms.md section 5)
 @dataclass(frozen=True)
 class FilterParams:
     """top_p: ragen_top_p cumulative-score fraction (RAGEN-2 0.9). top_k: ragen_top_k
@@ -131,3 +136,44 @@ class FilterResult:
 
     keep: torch.Tensor
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ axis signatures
+class PolicyLossFn(Protocol):
+    """`algo.clip.level`: per-token loss (B,T), 0 outside the mask, and detached 0-dim stats.
+    action_id / traj_id (B,T) int: the turn-action / trajectory of each token."""
+
+    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                 action_id: torch.Tensor, traj_id: torch.Tensor,
+                 params: ClipParams) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+class AggregationFn(Protocol):
+    """`algo.agg`: per-token loss (B,T) and mask (B,T) -> scalar."""
+
+    def __call__(self, loss: torch.Tensor, mask: torch.Tensor, params: AggParams) -> torch.Tensor: ...
+
+
+class AdvantageFn(Protocol):
+    """`algo.adv.estimator`: advantages (N,T) on the trajectory token stream (+ returns)."""
+
+    def __call__(self, inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput: ...
+
+
+class NormFn(Protocol):
+    """`algo.adv.norm`: the estimator's advantages (N,T) re-normalised over a scope."""
+
+    def __call__(self, advantages: torch.Tensor, inputs: AdvantageInputs,
+                 params: AdvantageParams) -> torch.Tensor: ...
+
+
+class FilterFn(Protocol):
+    """`algo.filter.name`: rewards (N,), group ids (N,) -> which trajectories are kept."""
+
+    def __call__(self, rewards: torch.Tensor, group: torch.Tensor, params: FilterParams) -> FilterResult: ...
+
+
+class KLFn(Protocol):
+    """`algo.kl.estimator`: per-token KL estimate (B,T) from current and reference log-probs."""
+
+    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor: ...

@@ -103,7 +103,7 @@ def turn_rewards_to_tokens(turn_rewards: torch.Tensor, turn_index: torch.Tensor,
 def outcome_turn_rewards(rewards: torch.Tensor, turn_mask: torch.Tensor,
                          process: torch.Tensor | None = None) -> torch.Tensor:
     """Per-turn rewards (N,K): optional `process (N,K)` plus outcome `rewards (N,)` on the
-    last valid turn of each trajectory (REFERENCE 4: "outcome reward counted at the last turn")."""
+    last valid turn of each trajectory (docs/algorithms.md section 4: "outcome reward counted at the last turn")."""
     N, K = turn_mask.shape
     tm = turn_mask.bool()
     base = torch.zeros(N, K, dtype=rewards.dtype, device=rewards.device) if process is None \

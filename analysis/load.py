@@ -116,7 +116,7 @@ def read_metrics_rows(p: Path) -> list[dict[str, Any]]:
 
 
 def code_version_str(cv: Any) -> str | None:
-    """summary code_version (a string, or harness.provenance's {commit, dirty, diff_sha} dict) -> short text."""
+    """summary code_version (a string, or harness.experiments.provenance's {commit, dirty, diff_sha} dict) -> short text."""
     if cv is None:
         return None
     if isinstance(cv, dict):

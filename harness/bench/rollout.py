@@ -1,7 +1,7 @@
 """Rollout benchmarks (used by `harness bench`): ratios measured in one run, not timed tests.
 
 - `bench_batched_vs_sequential`: generated action tokens per second with B episodes in
-  lock-step vs the same episodes one at a time (issue target: >= 5x at B = 16).
+  lock-step vs the same episodes one at a time (target: >= 5x at B = 16).
 - `bench_turn_cost`: generation time of the last turn vs the first in the concatenated layout
   with KV-cache reuse (target: turn 8 <= 1.5x turn 1), and the same without reuse (every turn
   prefilled from scratch) for contrast.
@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 
 from envs.base import StepResult
-from harness.chat import ChatFormat
-from harness.config import RunConfig
-from harness.rollout import collect
+from harness.transcript.chat import ChatFormat
+from harness.config.schema import RunConfig
+from harness.rl.rollout import collect
 
 BENCH_INSTRUCTIONS = "You are an agent in a text world. Read the observation and answer with one action."
 

@@ -1,7 +1,7 @@
-"""`harness bench`: speed and memory as ratios against a baseline measured in the same process.
+"""Speed and memory as ratios against a baseline measured in the same process.
 
-Nothing here is pass/fail: each benchmark reports both sides and their ratio next to the
-target the trainer issue set.
+Nothing here is pass/fail: each benchmark reports both sides and their ratio; the targets
+below are what we aim for.
 
 - rollout throughput, batched (B=16) vs one episode at a time          target >= 5x
 - generation cost of turn 8 vs turn 1, concatenated layout, KV reuse   target <= 1.5x
@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import torch
-import typer
 
-from harness.config import RunConfig
+from harness.config.schema import RunConfig
 
 
 def bench_device(cfg: RunConfig) -> str:
@@ -29,7 +28,7 @@ def bench_device(cfg: RunConfig) -> str:
 
 
 def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
-    from harness.rollout_bench import bench_batched_vs_sequential, bench_turn_cost
+    from harness.bench.rollout import bench_batched_vs_sequential, bench_turn_cost
     thr = bench_batched_vs_sequential(policy.model, policy.chat, cfg, batch=batch, turns=4)
     turn = bench_turn_cost(policy.model, policy.chat, cfg, batch=batch, turns=8)
     return {"rollout_batched_vs_sequential": thr, "turn8_vs_turn1": turn}
@@ -38,7 +37,7 @@ def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
 def bench_logprob_memory(model, batch: int = 8, length: int = 512) -> dict:
     """Peak memory of the chunked log-probs (forward + backward, from the hidden states on) vs
     a naive full-vocabulary log-softmax, on `model` with random token ids."""
-    from harness.logprobs import peak_memory_ratio
+    from harness.bench.memory import peak_memory_ratio
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, length), generator=g).to(next(model.parameters()).device)
@@ -75,7 +74,7 @@ def _single_turn(cfg: RunConfig) -> RunConfig:
 
 def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], int]:
     """Seconds of our rollout + update per step (first step is warm-up); completion tokens/step."""
-    from harness.trainer import Trainer
+    from harness.rl.trainer import Trainer
     cfg = _single_turn(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp), _NullLogger())
@@ -99,9 +98,9 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from envs import make_env
-    from harness.chat import prompt_text
-    from harness.models import load_policy
-    from harness.trainer import cache_dir
+    from harness.transcript.chat import prompt_text
+    from harness.model.pipeline import load_policy
+    from harness.model.cache import cache_dir
 
     policy = load_policy(cfg, cache_dir(), "cpu")
     # the plain base model; TRL adds the same LoRA adapter itself (peft_config below)
@@ -143,8 +142,8 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
 
 def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout", "memory", "trl")) -> dict:
     """Every benchmark in one process; each entry reports both sides and the ratio."""
-    from harness.models import load_policy
-    from harness.trainer import cache_dir
+    from harness.model.pipeline import load_policy
+    from harness.model.cache import cache_dir
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     out: dict = {"threads": torch.get_num_threads()}
@@ -166,36 +165,3 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
             "ours_completion_tokens": tokens, "trl_max_completion_tokens": trl_tokens,
             "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size}
     return out
-
-
-def bench_command(
-    config: Path = typer.Argument(Path("configs/frozenlake_tiny.yaml"), help="Run config whose model, env "
-                                  "and rollout settings are benchmarked."),
-    overrides: list[str] = typer.Option([], "-o", "--override", help="key=value config overrides."),
-    steps: int = typer.Option(3, help="Timed update steps per side (after one warm-up step)."),
-    only: list[str] = typer.Option([], "--only", help="rollout, memory and/or trl (default: all)."),
-    out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
-) -> None:
-    """Speed and memory ratios against baselines measured in the same process (not pass/fail).
-
-    rollout: batched (B=16) vs sequential tokens/s, and turn-8 vs turn-1 generation cost;
-    memory: chunked vs naive log-prob peak memory; trl: one update vs a TRL GRPOTrainer step."""
-    import json
-
-    from harness.loading import load_run_config
-    cfg = load_run_config(config, list(overrides))
-    parts = tuple(only) or ("rollout", "memory", "trl")
-    bad = [p for p in parts if p not in ("rollout", "memory", "trl")]
-    if bad:
-        from harness.errors import ConfigError
-        raise ConfigError(f"--only {bad[0]!r}: choose from rollout, memory, trl")
-    result = run_bench(cfg, steps=steps, parts=parts)
-    text = json.dumps(result, indent=2, default=float)
-    print(text)
-    if out is not None:
-        out.write_text(text + "\n")
-
-
-def register(app: typer.Typer) -> None:
-    """Add `bench` to the harness CLI."""
-    app.command("bench")(bench_command)

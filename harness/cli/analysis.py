@@ -1,7 +1,6 @@
 """`harness table`, `harness plot`, `harness report`: a results folder -> paper table, figures, page.
 
-Plain functions plus `register(app)`, so harness/cli.py adds them with one line:
-    from harness.cli_analysis import register as register_analysis; register_analysis(app)
+Plain functions plus `register(app)`, which `harness.cli.main` calls.
 `analysis` (pandas, seaborn) is imported inside the commands, keeping `harness --help` fast.
 Bad input (not a results folder, unknown metric or format) is one paragraph on stderr, exit 2.
 """
@@ -112,9 +111,3 @@ def register(app: typer.Typer) -> None:
     app.command("table")(table)
     app.command("plot")(plot)
     app.command("report")(report)
-
-
-if __name__ == "__main__":  # usable before harness/cli.py wires it: python -m harness.cli_analysis table …
-    _app = typer.Typer(add_completion=False, no_args_is_help=True)
-    register(_app)
-    _app()

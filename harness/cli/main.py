@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from harness import __version__
-from harness.errors import ConfigError, UnavailableError
+from harness.config.errors import ConfigError, UnavailableError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -54,7 +54,7 @@ def _sigterm_as_interrupt() -> None:
 
 # ----------------------------------------------------------------------------- sweep / run
 def _print_points(sweep: Any, results: Path) -> None:
-    from harness.runner import point_dir, read_status
+    from harness.experiments.runner import point_dir, read_status
 
     print(f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
           f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}")
@@ -69,9 +69,9 @@ def _print_points(sweep: Any, results: Path) -> None:
 
 
 def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool, executor: Any = None) -> None:
-    from harness.progress import SweepProgress
-    from harness.runner import RunOptions, run_sweep
-    from harness.tracking import default_tracking_uri
+    from harness.experiments.progress import SweepProgress
+    from harness.experiments.runner import RunOptions, run_sweep
+    from harness.experiments.tracking import default_tracking_uri
 
     opts = RunOptions(results=results, mlflow_uri=None if no_mlflow else default_tracking_uri(results),
                       retry_failed=retry_failed, workers=workers, executor=executor)
@@ -115,7 +115,7 @@ def sweep(
     retried only with --retry-failed. MLflow logs to sqlite:///RESULTS/mlflow.db unless
     MLFLOW_TRACKING_URI is set.
     """
-    from harness.sweep import load_sweep
+    from harness.experiments.sweep import load_sweep
 
     if backend not in ("local", "ray"):
         _fail(f"--backend {backend!r} is not a backend; choose one of: local, ray", 2)
@@ -133,7 +133,7 @@ def sweep(
         _fail("--address and --retries apply to --backend ray", 2)
     executor = None
     if backend == "ray":
-        from harness.ray_backend import RayExecutor
+        from harness.experiments.ray_backend import RayExecutor
         executor = RayExecutor(address, retries)
     _run(swp, results, workers, retry_failed, no_mlflow, executor)
 
@@ -152,8 +152,8 @@ def run(
 
     Every key and its default: `harness config-docs`.
     """
-    from harness.loading import dump_config
-    from harness.sweep import single_point
+    from harness.experiments.loading import dump_config
+    from harness.experiments.sweep import single_point
 
     swp = single_point(config, list(override), name)
     if dry_run:
@@ -168,17 +168,59 @@ def _first_line(text: str) -> str:
     return " ".join((text or "").split())
 
 
+GENERATED_BEGIN = "<!-- BEGIN GENERATED: harness axes --markdown -->"
+GENERATED_END = "<!-- END GENERATED -->"
+
+
+def axes_markdown() -> str:
+    """The registered values of every axis as markdown tables (the generated block of
+    docs/algorithms.md), followed by what each preset sets."""
+    from algorithms import AXES, PRESETS
+    from harness.transcript.context import CONTEXT_POLICIES
+
+    cell = lambda text: _first_line(text).replace("|", "\\|")  # noqa: E731
+    lines = []
+    for key, registry in {**AXES, "context.policy": CONTEXT_POLICIES}.items():
+        lines += [f"### `{key}`: {cell(registry.doc)}", "", "| value | what it computes | source |", "| --- | --- | --- |"]
+        lines += [f"| `{e.name}` | {cell(e.doc)} | {cell(e.source)} |" for e in registry] + [""]
+    keys = sorted({k for preset in PRESETS.values() for k in preset})
+    lines += ["### `algo.preset`: keys each preset fills (when not set)", "",
+              "| key | " + " | ".join(f"`{p}`" for p in PRESETS) + " |", "| --- |" + " --- |" * len(PRESETS)]
+    lines += [f"| `algo.{k}` | " + " | ".join(f"`{PRESETS[p].get(k, '-')}`" for p in PRESETS) + " |" for k in keys]
+    return "\n".join(lines)
+
+
+def write_generated_block(path: Path, text: str) -> None:
+    """Replace the text between the GENERATED markers of `path` with `text`."""
+    doc = path.read_text()
+    if GENERATED_BEGIN not in doc or GENERATED_END not in doc:
+        raise ConfigError(f"{path}: no {GENERATED_BEGIN} ... {GENERATED_END} block to regenerate")
+    head, rest = doc.split(GENERATED_BEGIN, 1)
+    tail = rest.split(GENERATED_END, 1)[1]
+    path.write_text(f"{head}{GENERATED_BEGIN}\n{text}\n{GENERATED_END}{tail}")
+
+
 @app.command()
-def axes() -> None:
+def axes(
+    markdown: bool = typer.Option(False, "--markdown", help="Print the registered values as the markdown "
+                                  "tables of docs/algorithms.md."),
+    write_doc: Optional[Path] = typer.Option(None, "--write-doc", metavar="FILE", help="Regenerate the "
+                                             "generated block of FILE (docs/algorithms.md) in place."),
+) -> None:
     """Every ablation axis with its values, one-line docs and sources.
 
     Generated from the registries of algorithms.AXES, followed by the choice-valued settings of
     the config schema (context.policy, algo.kl.where, ...)."""
-    from harness.loading import axis_registries, iter_config_fields, literal_choices
+    from harness.experiments.loading import axis_registries, iter_config_fields, literal_choices
 
+    if write_doc is not None:
+        write_generated_block(write_doc, axes_markdown())
+        print(f"wrote the registered values into {write_doc}")
+        return
+    if markdown:
+        print(axes_markdown())
+        return
     registries = axis_registries()
-    if not registries:
-        _fail("algorithms.AXES is not available yet (the algorithms package defines it)", 1)
     for key, registry in registries.items():
         print(f"{key}  ({_first_line(registry.doc)})")
         width = max((len(e.name) for e in registry), default=0)
@@ -192,18 +234,15 @@ def axes() -> None:
         if choices and key not in registries:
             print(f"  {key}: {' | '.join(map(str, choices))}  (default {info.default})  "
                   f"{_first_line(info.description or '')}")
+    print("\nFormulas, defaults and sources of every value: docs/algorithms.md")
 
 
 @app.command()
 def envs() -> None:
     """The reference environments: name, doc, source and options."""
-    try:
-        from envs import describe
-    except ImportError as e:
-        _fail(f"the environment registry is not available yet ({e})", 1)
+    from envs import describe
+
     rows = describe()
-    if not rows:
-        _fail("no environment is registered yet", 1)
     for row in rows:
         print(f"{row.get('name')}  {_first_line(str(row.get('doc', '')))}")
         if row.get("source"):
@@ -221,7 +260,7 @@ def envs() -> None:
 @app.command("config-docs")
 def config_docs() -> None:
     """Every config key with its type, default and documentation."""
-    from harness.loading import iter_config_fields
+    from harness.experiments.loading import iter_config_fields
 
     section = None
     for key, info in iter_config_fields():
@@ -237,17 +276,11 @@ def config_docs() -> None:
             print(f"      {_first_line(info.description)}")
 
 
-try:  # table / plot / report (analysis issue)
-    from harness.cli_analysis import register as _register_analysis
-except ModuleNotFoundError as _e:
-    if _e.name != "harness.cli_analysis":
-        raise
-else:
-    _register_analysis(app)
-from harness.cli_tune import register as _register_tune  # noqa: E402 - tune (Optuna)
-_register_tune(app)
-from harness.bench import register as _register_bench  # noqa: E402 - speed / memory ratios
-_register_bench(app)
+# the command groups that live in their own modules
+from harness.cli import analysis as _analysis, bench as _bench, tune as _tune  # noqa: E402
+
+for _group in (_analysis, _tune, _bench):
+    _group.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,8 @@
-"""`harness tune`: Optuna search over the config space (study files: harness/tune.py).
+"""`harness tune`: Optuna search over the config space (study files: `harness.experiments.study`).
 
-Plain functions plus `register(app)`, so harness/cli.py adds the command with one line. Optuna is
+Plain functions plus `register(app)`, which `harness.cli.main` calls. Optuna is
 imported inside the command, keeping `harness --help` fast. Bad study files are one paragraph on
-stderr and exit status 2 (ConfigError, printed by harness.cli.main).
+stderr and exit status 2 (ConfigError, printed by harness.cli.main.main).
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def tune(
 
     Trials are ordinary points (the layout of `harness sweep`), tagged in MLflow with the study and trial number. Start the same command on several machines with one --storage URL to share the study. Ctrl-C stops cleanly; the interrupted trial runs first next time.
     """
-    from harness.tracking import default_tracking_uri
-    from harness.tune import load_study
-    from harness.tuner import TuneOptions, describe, run_study, show_study
+    from harness.experiments.tracking import default_tracking_uri
+    from harness.experiments.study import load_study
+    from harness.experiments.tuner import TuneOptions, describe, run_study, show_study
 
     study = load_study(file)
     if show:

@@ -22,4 +22,4 @@ class Diverged(RuntimeError):
 
 
 class UnavailableError(RuntimeError):
-    """A component the command needs is not installed or not written yet (one-line message)."""
+    """A component the command needs is not installed or cannot be imported (one-line message)."""

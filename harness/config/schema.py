@@ -8,9 +8,20 @@ the bad value and the allowed values.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+# Config keys that were renamed: old dotted key -> new one. Loading a file that still uses an
+# old key fails with a message naming the new key (no silent aliases).
+RENAMED_KEYS = {
+    "algo.filter.p": "algo.filter.top_p",
+    "algo.filter.k": "algo.filter.top_k",
+}
+
+P = TypeVar("P")
 
 
 class Strict(BaseModel):
@@ -147,8 +158,9 @@ class ClipConfig(Strict):
 
 class FilterConfig(Strict):
     name: str = F("none", "Group filter: none, dapo (drop zero-variance groups), ragen_top_p, ragen_top_k.")
-    p: float = F(0.9, "ragen_top_p: keep groups holding this share of total reward std (RAGEN-2: 0.9).", gt=0, le=1)
-    k: float = F(0.5, "ragen_top_k: fraction of groups kept.", gt=0, le=1)
+    top_p: float = F(0.9, "ragen_top_p: keep groups holding this share of total reward std (RAGEN-2: 0.9).",
+                     gt=0, le=1)
+    top_k: float = F(0.5, "ragen_top_k: fraction of groups kept.", gt=0, le=1)
     max_extra_rounds: int = F(0, "dapo: extra generation rounds to refill the batch (DAPO dynamic sampling).", ge=0)
 
 
@@ -250,6 +262,12 @@ class RunConfig(Strict):
             raise ValueError(f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
                              f"sft.budget = {self.sft.budget}")
         if self.rollout.backend == "vllm":
-            raise ValueError("rollout.backend 'vllm' is not implemented yet (vLLM could not be installed where "
-                             "this version was built and tested); use 'hf'")
+            raise ValueError("rollout.backend 'vllm' is not implemented; use 'hf' (our batched sampler)")
         return self
+
+
+def axis_params(cls: type[P], section: BaseModel, **fixed: Any) -> P:
+    """An `algorithms.types` params dataclass from the config section whose keys carry the same
+    names (`ClipParams` from `algo.clip`, ...); `fixed` sets fields that are not config keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: getattr(section, k) for k in type(section).model_fields if k in names}, **fixed)

@@ -1,8 +1,8 @@
 """Collapse diagnostics: KL-spike and echo-trap detectors, their monitor, cross-prompt similarity.
 
-REFERENCE.md section 9. Everything here is fed the per-update scalars the trainer already
+docs/algorithms.md section 9. Everything here is fed the per-update scalars the trainer already
 reduces (one value per update, no tensors), so it costs nothing and adds no sync points.
-The mutual-information proxy (RAGEN-2), which needs the model, lives in `harness.mi_proxy`.
+The mutual-information proxy (RAGEN-2), which needs the model, lives in `harness.diagnostics.mi_proxy`.
 
 Trackers are small stateful objects with `update(...) -> dict[str, float]` (namespaced
 `diag/...` metrics for metrics.jsonl) and `state_dict()` / `load_state_dict()` holding plain
@@ -22,8 +22,8 @@ import math
 import random
 from typing import Any, Mapping, Sequence
 
-KL_KEY = "diag/kl_k3"  # per-update mean k3 KL to the reference (harness.optimize)
-GROUP_STD_KEY = "env/group_reward_std"  # per-update mean in-group reward std (harness.episode_metrics)
+KL_KEY = "diag/kl_k3"  # per-update mean k3 KL to the reference (harness.rl.update)
+GROUP_STD_KEY = "env/group_reward_std"  # per-update mean in-group reward std (harness.diagnostics.episode_metrics)
 
 
 class KLSpikeDetector:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from harness.records import Episode
+from harness.transcript.records import Episode
 
 
 def _mean(xs) -> float:

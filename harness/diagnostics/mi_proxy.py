@@ -1,4 +1,4 @@
-"""Mutual-information proxy for template collapse (RAGEN-2; REFERENCE.md section 9).
+"""Mutual-information proxy for template collapse (RAGEN-2; docs/algorithms.md section 9).
 
 Take N distinct prompts x_j and one response z_a per prompt (z_a answered x_a). Score every
 response under every prompt,
@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from harness.logprobs import DEFAULT_CHUNK, token_logprobs
+from harness.model.logprobs import DEFAULT_CHUNK, token_logprobs
 
 
 def mi_from_scores(S: torch.Tensor, k: Sequence[int] = (1, 5)) -> dict[str, float]:
@@ -76,7 +76,7 @@ def cross_logprob_matrix(model: nn.Module, prompts: Sequence[Sequence[int]], res
 
     The N^2 sequences concat(x_j, z_a) run `batch_size` at a time, right-padded with `pad_id`
     under an attention mask, in order of length. Only response positions
-    go through the lm_head and log-softmax (`harness.logprobs`, `chunk_size` rows at a time), so
+    go through the lm_head and log-softmax (`harness.model.logprobs`, `chunk_size` rows at a time), so
     no (batch, T, V) float32 tensor is built. No gradients; the model's train/eval mode is restored.
     """
     _validate(prompts, responses)

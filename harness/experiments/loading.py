@@ -4,7 +4,7 @@
 
 Order of work: read the YAML (syntax errors give line and column; duplicate keys are errors),
 apply `-o key=value` overrides, fill unset `algo.*` keys from `algo.preset`, validate the
-schema (`harness.config.RunConfig`, strict), then check axis strings against the registries
+schema (`harness.config.schema.RunConfig`, strict), then check axis strings against the registries
 of `algorithms.AXES`, `env.name` against `envs.ENVS` and `env.options` against that
 environment's own `Options` model. Each message names the file, the dotted key, the bad value
 and the allowed values (with the closest valid name when there is one).
@@ -21,8 +21,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from harness.config import RunConfig
-from harness.errors import ConfigError
+from harness.config.schema import RENAMED_KEYS, RunConfig
+from algorithms import AXES, PRESETS, Registry
+from envs import ENVS
+from envs.registry import env_class
+from harness.config.errors import ConfigError
 
 MISSING = object()
 
@@ -192,6 +195,8 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
     loc = tuple(err["loc"])
     key = ".".join([p for p in prefix.split(".") if p] + [str(p) for p in loc]) or "(top level)"
     kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden" and key in RENAMED_KEYS:
+        return f"{key} was renamed to {RENAMED_KEYS[key]}; write {RENAMED_KEYS[key]}: {show_value(value)} instead."
     if kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
         valid = list(parent.model_fields) if parent else []
@@ -235,32 +240,9 @@ def error_paragraph(source: str, lines: list[str]) -> str:
 
 
 # ----------------------------------------------------------------------------- registries
-def axis_registries() -> dict[str, Any]:
-    """`algorithms.AXES` (dotted key -> Registry), or {} while the package does not define it yet."""
-    try:
-        import algorithms
-    except ModuleNotFoundError as e:
-        if e.name != "algorithms":
-            raise
-        return {}
-    return dict(getattr(algorithms, "AXES", {}) or {})
-
-
-def presets() -> dict[str, dict[str, Any]] | None:
-    try:
-        from algorithms.presets import PRESETS
-    except ModuleNotFoundError as e:
-        if e.name not in ("algorithms", "algorithms.presets"):
-            raise
-        return None
-    return PRESETS
-
-
-def env_registry() -> Any:
-    """`envs.ENVS`, or None while no environment is registered yet."""
-    from envs import ENVS
-
-    return ENVS if len(ENVS) else None
+def axis_registries() -> dict[str, Registry]:
+    """`algorithms.AXES`: dotted config key -> the registry of its values."""
+    return dict(AXES)
 
 
 def apply_preset(raw: dict, source: str) -> None:
@@ -268,10 +250,7 @@ def apply_preset(raw: dict, source: str) -> None:
     name = get_dotted(raw, "algo.preset")
     if name is MISSING or name == "custom" or not isinstance(name, str):
         return
-    table = presets()
-    if table is None:
-        raise ConfigError(f"{source}: algo.preset = {name!r} needs algorithms.presets.PRESETS, which is "
-                          f"not available yet; set algo.preset: custom and write the algo keys out.")
+    table = PRESETS
     if name not in table:
         allowed = typing.get_args(RunConfig.model_fields["algo"].annotation.model_fields["preset"].annotation)
         raise ConfigError(f"{source}: " + choice_message("algo.preset", name, [c for c in allowed if c in table
@@ -292,22 +271,18 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
         value = get_dotted(dump, key)
         if value is not MISSING and value not in registry:
             problems.append(choice_message(key, value, registry.names()) + _origin_note(key, origins))
-    envs = env_registry()
-    if envs is not None:
-        from envs.registry import env_class
-
+    try:
+        options_model = env_class(cfg.env.name).Options
+    except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
+        problems.append(choice_message("env.name", cfg.env.name, getattr(e, "choices", ENVS.names()))
+                        + _origin_note("env.name", origins))
+    else:
         try:
-            options_model = env_class(cfg.env.name).Options
-        except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
-            problems.append(choice_message("env.name", cfg.env.name, getattr(e, "choices", envs.names()))
-                            + _origin_note("env.name", origins))
+            options = options_model.model_validate(cfg.env.options)
+        except ValidationError as e:
+            problems.extend(validation_lines(e, options_model, "env.options", origins))
         else:
-            try:
-                options = options_model.model_validate(cfg.env.options)
-            except ValidationError as e:
-                problems.extend(validation_lines(e, options_model, "env.options", origins))
-            else:
-                cfg.env.options = options.model_dump(mode="json")
+            cfg.env.options = options.model_dump(mode="json")
     if problems:
         raise ConfigError(error_paragraph(source, problems))
     return cfg

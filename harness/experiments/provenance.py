@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Packages whose versions can change a result; recorded in every summary.json.
 TRACKED_PACKAGES = ("harness", "torch", "transformers", "peft", "trl", "numpy", "textworld", "alfworld",

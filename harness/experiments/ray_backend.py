@@ -1,6 +1,6 @@
 """`harness sweep FILE --backend ray [--address ADDR] [--retries N]`: every point is a Ray task.
 
-Each task runs `harness.runner.run_point`, the function the local backend runs, so a point writes
+Each task runs `harness.experiments.runner.run_point`, the function the local backend runs, so a point writes
 the same files with the same metrics whichever backend ran it. The local process pool stays the
 default; `ray` is the optional extra `dist` (pip install -e '.[dist]').
 
@@ -31,10 +31,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UnavailableError
-from harness.runner import RunOptions, _record, _spec_string, point_dir, read_status, run_point
-from harness.sweep import Point
-from harness.tracking import atomic_write_text
+from harness.config.errors import UnavailableError
+from harness.experiments.runner import RunOptions, _record, _spec_string, point_dir, read_status, run_point
+from harness.experiments.sweep import Point
+from harness.experiments.tracking import atomic_write_text
 
 FORWARD_PREFIXES = ("HARNESS_", "MLFLOW_", "HF_", "TRANSFORMERS_")
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 ** 2
@@ -97,7 +97,7 @@ def run_point_task(point: Point, sweep: str, opts: RunOptions, env: dict[str, st
 
 # ----------------------------------------------------------------------------- the driver
 class RayExecutor:
-    """`RunOptions.executor` for harness.runner.run_sweep."""
+    """`RunOptions.executor` for harness.experiments.runner.run_sweep."""
 
     def __init__(self, address: str | None = None, retries: int = 0):
         self.address, self.retries = address, retries

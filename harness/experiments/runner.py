@@ -13,10 +13,10 @@ status `running` and resume next time.
 
 Hooks: an exception with a string attribute `point_status` ends a point with that status instead of
 `failed` (harness tune's pruned trials: `pruned`); `RunOptions.executor` replaces the local process
-pool (harness.ray_backend); `RunOptions.tags` are added to the MLflow run's tags.
+pool (harness.experiments.ray_backend); `RunOptions.tags` are added to the MLflow run's tags.
 
 Testing hook: the environment variable HARNESS_TRAIN_FN="module:function" replaces
-`harness.trainer:train` (same signature), e.g. a small deterministic fake trainer in tests.
+`harness.rl.trainer:train` (same signature), e.g. a small deterministic fake trainer in tests.
 """
 from __future__ import annotations
 
@@ -34,17 +34,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from harness.errors import Diverged, UnavailableError
-from harness.loading import dump_config, flatten
-from harness.provenance import environment
-from harness.sweep import Point, Sweep
-from harness.tracking import (RunLogger, append_jsonl, atomic_write_json, atomic_write_text, ensure_experiment,
+from harness.config.errors import Diverged, UnavailableError
+from harness.experiments.loading import dump_config, flatten
+from harness.experiments.provenance import environment
+from harness.experiments.sweep import Point, Sweep
+from harness.experiments.tracking import (RunLogger, append_jsonl, atomic_write_json, atomic_write_text, ensure_experiment,
                               read_jsonl)
 
 STATUS, SUMMARY, CONFIG, TRACEBACK, EVENTS, LOCK = "status", "summary.json", "config.yaml", "traceback.txt", \
     "events.jsonl", ".lock"
 FINISHED = ("done", "diverged")
-DEFAULT_TRAIN_FN = "harness.trainer:train"
+DEFAULT_TRAIN_FN = "harness.rl.trainer:train"
 TrainFn = Callable[..., dict]
 
 
@@ -52,7 +52,7 @@ TrainFn = Callable[..., dict]
 class RunOptions:
     results: Path = Path("results")
     mlflow_uri: str | None = None            # None: MLflow off
-    train_fn: str | TrainFn | None = None    # None: $HARNESS_TRAIN_FN or harness.trainer:train
+    train_fn: str | TrainFn | None = None    # None: $HARNESS_TRAIN_FN or harness.rl.trainer:train
     retry_failed: bool = False
     workers: int = 1
     env_info: dict[str, Any] = field(default_factory=dict)  # provenance, computed once per sweep
@@ -79,8 +79,7 @@ def resolve_train_fn(train_fn: str | TrainFn | None) -> TrainFn:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise UnavailableError(f"the trainer {spec!r} is not available ({e}); "
-                                   f"it is written in another issue, or check HARNESS_TRAIN_FN") from None
+            raise UnavailableError(f"the trainer {spec!r} cannot be imported ({e}); check HARNESS_TRAIN_FN") from None
         raise
     fn = getattr(module, attr or "train", None)
     if not callable(fn):
@@ -89,8 +88,8 @@ def resolve_train_fn(train_fn: str | TrainFn | None) -> TrainFn:
 
 
 def _diverged_types(train: TrainFn) -> tuple[type, ...]:
-    """harness.errors.Diverged and the `Diverged` the trainer's module exports (the contract names
-    `harness.trainer.Diverged`)."""
+    """harness.config.errors.Diverged and the `Diverged` the trainer's module exports (the contract names
+    `harness.rl.trainer.Diverged`)."""
     own = getattr(sys.modules.get(getattr(train, "__module__", ""), None), "Diverged", None)
     return (Diverged, own) if isinstance(own, type) and issubclass(own, BaseException) else (Diverged,)
 
@@ -153,7 +152,7 @@ def run_point(point: Point, sweep: str, opts: RunOptions,
     """Run (or resume) one point in this process; returns {"status", "wall_s", "error"}.
 
     KeyboardInterrupt propagates after the point is left resumable (status stays `running`)."""
-    from harness.seeding import seed_everything
+    from harness.rl.seeding import seed_everything
 
     run_dir = point_dir(opts.results, sweep, point)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +227,7 @@ def plan(sweep: Sweep, opts: RunOptions) -> list[tuple[Point, str]]:
 
 
 def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResult:
-    """Run every point not finished yet. `progress`: a harness.progress.SweepProgress or None."""
+    """Run every point not finished yet. `progress`: a harness.experiments.progress.SweepProgress or None."""
     opts.results = Path(opts.results)
     (opts.results / sweep.name).mkdir(parents=True, exist_ok=True)
     # the trainer's content-hashed caches (tiny models, SFT) live beside the results unless set

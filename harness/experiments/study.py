@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.errors import ConfigError
-from harness.loading import (apply_overrides, error_paragraph, flatten, iter_config_fields, read_yaml, show_value,
+from harness.config.errors import ConfigError
+from harness.experiments.loading import (apply_overrides, error_paragraph, flatten, iter_config_fields, read_yaml, show_value,
                              validate_run_config, validation_lines)
-from harness.provenance import config_hash
-from harness.sweep import SEED_KEY, Point, point_id, variant_slug
+from harness.experiments.provenance import config_hash
+from harness.experiments.sweep import SEED_KEY, Point, point_id, variant_slug
 
 Scalar = typing.Union[None, bool, int, float, str]
 

@@ -30,11 +30,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.config import RunConfig
-from harness.errors import ConfigError
-from harness.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, get_dotted, read_yaml,
+from harness.config.schema import RunConfig
+from harness.config.errors import ConfigError
+from harness.experiments.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, get_dotted, read_yaml,
                              validate_run_config, validation_lines)
-from harness.provenance import config_hash
+from harness.experiments.provenance import config_hash
 
 SEED_KEY = "train.seed"
 SLUG_MAX = 64
@@ -257,7 +257,7 @@ def load_sweep(path: str | Path, base_overrides: list[str] | tuple[str, ...] = (
     point's own overrides), e.g. a short smoke run of a whole sweep with `train.updates=1`; they
     change the config hash, so such points never mix with the full ones. seeds: replace the
     file's seeds."""
-    from harness.loading import parse_override
+    from harness.experiments.loading import parse_override
 
     path = Path(path)
     spec = _read_spec(path)
@@ -302,7 +302,7 @@ def load_sweep(path: str | Path, base_overrides: list[str] | tuple[str, ...] = (
 
 def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:
     """`harness run CONFIG -o k=v`: a one-point sweep named after the config file."""
-    from harness.loading import load_run_config, parse_override
+    from harness.experiments.loading import load_run_config, parse_override
 
     cfg = load_run_config(config_path, overrides)
     parsed = {k: v for k, v in (parse_override(o) for o in overrides) if k != SEED_KEY}

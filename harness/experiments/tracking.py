@@ -232,7 +232,7 @@ def _number(value: Any) -> Any:
 
 
 class RunLogger:
-    """The trainer's only way to record results (see `harness.trainer.train`).
+    """The trainer's only way to record results (see `harness.rl.trainer.train`).
 
     log(update, metrics)        one metrics.jsonl row {"update": k, **metrics}; MLflow step k
     log_samples(update, rows)   rows of samples.jsonl, each with "update"

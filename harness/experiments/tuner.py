@@ -1,4 +1,4 @@
-"""Run an Optuna study (`harness tune`): trials are ordinary points run by `harness.runner.run_point`.
+"""Run an Optuna study (`harness tune`): trials are ordinary points run by `harness.experiments.runner.run_point`.
 
 Storage: any RDB URL (`--storage`), by default sqlite:///<results>/<name>/optuna.db, opened with
 load_if_exists, so a study resumes and several workers (processes or hosts) share it. Each worker
@@ -26,11 +26,11 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from harness.errors import ConfigError, UnavailableError
-from harness.runner import RunOptions, point_dir, read_status, run_point
-from harness.sweep import Point
-from harness.tracking import ensure_experiment, read_jsonl
-from harness.tune import TuneStudy, make_pruner, make_sampler, objective_value, suggest
+from harness.config.errors import ConfigError, UnavailableError
+from harness.experiments.runner import RunOptions, point_dir, read_status, run_point
+from harness.experiments.sweep import Point
+from harness.experiments.tracking import ensure_experiment, read_jsonl
+from harness.experiments.study import TuneStudy, make_pruner, make_sampler, objective_value, suggest
 
 MAX_FAILED_IN_A_ROW = 3
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -186,7 +186,7 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
     (opts.results / study.name).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
     if not opts.env_info:
-        from harness.provenance import environment
+        from harness.experiments.provenance import environment
         opts.env_info = environment()
     if opts.mlflow_uri:
         try:

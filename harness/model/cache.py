@@ -25,6 +25,12 @@ DONE = "DONE.json"
 _PACKAGES = ("torch", "transformers", "tokenizers", "peft")
 
 
+def cache_dir() -> Path:
+    """Where the caches shared by every point live (tiny models, SFT checkpoints, games):
+    $HARNESS_CACHE, default results/.cache."""
+    return Path(os.environ.get("HARNESS_CACHE", "results/.cache"))
+
+
 def content_hash(obj: Any, length: int = 16) -> str:
     """Stable hash of a JSON-able object (keys sorted; non-JSON values by their str)."""
     blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))

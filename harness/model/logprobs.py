@@ -22,10 +22,6 @@ attention mask, so left- and right-padded batches give the same values.
 """
 from __future__ import annotations
 
-import ctypes
-import gc
-from typing import Callable
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -181,113 +177,5 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
                                 allowed=allowed)
 
 
-def naive_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                         temperature: float = 1.0, with_entropy: bool = False,
-                         allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The reference computation (full (B, T, V) float32 log-softmax); for tests and the benchmark."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids(attention_mask), use_cache=False).logits.float() / temperature
-    logits = logits[:, :-1]
-    if allowed is not None:  # disallowed ids -> -inf, by a plain (B, T-1, V) mask
-        al = allowed[:, 1:]
-        keep = torch.zeros(logits.shape, dtype=torch.bool)
-        for b, t, k in (al >= 0).nonzero().tolist():
-            keep[b, t, al[b, t, k]] = True
-        keep |= ~(al[..., 0] >= 0)[..., None]
-        logits = logits.masked_fill(~keep, float("-inf"))
-    logsm = logits.log_softmax(-1)  # (B, T-1, V)
-    valid = (attention_mask[:, 1:] * attention_mask[:, :-1]).float()
-    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * valid
-    pad = lp.new_zeros(lp.shape[0], 1)
-    ent = None
-    if with_entropy:
-        ent = torch.cat([pad, -(logsm.exp() * logsm.clamp(min=NEG)).sum(-1) * valid], dim=1)
-    return torch.cat([pad, lp], dim=1), ent
-
-
-# ----------------------------------------------------------------------------- memory benchmark
-def _cpu_rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
-    """Peak memory `fn()` adds above what was allocated before it ran.
-
-    CUDA: `torch.cuda.max_memory_allocated`. CPU (Linux): the process's resident-set high-water
-    mark, reset through /proc/self/clear_refs. glibc is told to serve allocations >= 64 KiB by mmap
-    and to return free heap pages first, so memory freed earlier cannot hide a later peak.
-    """
-    device = torch.device(device)
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: big blocks by mmap (also stops its dynamic growth)
-        libc.malloc_trim(0)  # free heap pages leave the resident set, so reusing them counts again
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    base = _cpu_rss_bytes("VmRSS")
-    fn()
-    return _cpu_rss_bytes("VmHWM") - base
-
-
-def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      chunk_size: int = DEFAULT_CHUNK, backward: bool = True, head_only: bool = True) -> dict:
-    """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
-
-    head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
-    activations are the same in both and are excluded). Otherwise the whole forward is measured.
-    backward: include the backward pass (gradients into the trainable parameters / hidden states).
-    Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
-    """
-    device = input_ids.device
-    if head_only:
-        with torch.no_grad():
-            hidden = hidden_states(model, input_ids, attention_mask)
-        hidden.requires_grad_(backward)
-        _, head = backbone_and_head(model)
-
-        def naive() -> None:
-            logits = head(hidden).float()  # (B, T, V)
-            lp = logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None])
-            if backward:
-                lp.sum().backward()
-
-        def chunked() -> None:
-            lp, _ = logprobs_from_hidden(model, hidden, input_ids, attention_mask, chunk_size=chunk_size)
-            if backward:
-                lp.sum().backward()
-    else:
-        def naive() -> None:
-            lp, _ = naive_token_logprobs(model, input_ids, attention_mask)
-            if backward:
-                lp.sum().backward()
-
-        def chunked() -> None:
-            lp, _ = token_logprobs(model, input_ids, attention_mask, chunk_size=chunk_size)
-            if backward:
-                lp.sum().backward()
-
-    with torch.set_grad_enabled(backward):
-        chunk_bytes = measure_peak_bytes(chunked, device)
-        naive_bytes = measure_peak_bytes(naive, device)
-    model.zero_grad(set_to_none=True)
-    return {"naive_bytes": naive_bytes, "chunked_bytes": chunk_bytes, "ratio": chunk_bytes / max(naive_bytes, 1),
-            "tokens": int(attention_mask.sum()), "chunk_size": chunk_size, "head_only": head_only,
-            "backward": backward, "device": str(device)}
-
-
-__all__ = ["restrict_", "token_logprobs", "logprobs_from_hidden", "hidden_states", "naive_token_logprobs",
-           "peak_memory_ratio", "measure_peak_bytes", "backbone_and_head", "position_ids"]
+__all__ = ["restrict_", "token_logprobs", "logprobs_from_hidden", "hidden_states", "backbone_and_head",
+           "position_ids", "DEFAULT_CHUNK", "NEG"]

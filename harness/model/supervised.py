@@ -1,14 +1,15 @@
-"""Supervised training on expert demonstrations: the tiny model's pre-training and the SFT warm-up.
+"""Supervised training on expert demonstrations, shared by the tiny model's pre-training
+(`harness.model.tiny`) and the SFT warm-up (`harness.model.sft`).
 
 A demonstration is laid out exactly as the rollout lays out an episode in the concatenated
-layout (`harness.chat` segments, each tokenized once):
+layout (`harness.transcript.chat` segments, each tokenized once):
 
     prompt(instructions, obs_1) | action_1 | observation(obs_2) | action_2 | ...
 
 and the loss is on the action segments only: the action text ids plus the end-of-turn id,
 exactly the tokens RL samples. Batches group sequences of similar length (little padding);
 the loss is the mean over the batch's action tokens, computed through the memory-bounded
-log-prob path (`harness.logprobs`), so only action positions reach the lm_head.
+log-prob path (`harness.model.logprobs`), so only action positions reach the lm_head.
 
 Deterministic on CPU: the shuffling uses its own generator seeded by `seed`.
 """
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from harness.chat import ChatFormat
-from harness.logprobs import hidden_states, logprobs_from_hidden
+from envs.demos import expert_episodes
+from envs.registry import env_class
+from harness.model.logprobs import hidden_states, logprobs_from_hidden
+from harness.transcript.chat import ChatFormat
+from harness.transcript.context import APPEND_ONLY, build_context, shown_observation, system_ids
 
 DEMO_MAX_TURNS = 64  # cap of an expert episode; independent of turns.max so budgets share a cache
 
@@ -41,7 +45,7 @@ class Demo:
 
 
 def to_demo(ep: Any) -> Demo:
-    """A `Demo` from an `envs.demos.Episode` (turns), a `harness.records.Episode` (steps) or a Demo."""
+    """A `Demo` from an `envs.demos.Episode` (turns), a `harness.transcript.records.Episode` (steps) or a Demo."""
     if isinstance(ep, Demo):
         return ep
     if hasattr(ep, "turns"):
@@ -60,9 +64,6 @@ def collect_demos(env_name: str, options: dict | None, n: int, start: int = 0,
     Returns (demos, next_index): the index after the last train seed used, so a later caller can
     take demonstrations of other tasks. Episodes the expert fails are skipped.
     """
-    from envs.demos import expert_episodes
-    from envs.registry import env_class
-
     cls = env_class(env_name)
     demos: list[Demo] = []
     index = start
@@ -101,14 +102,10 @@ def demo_examples(chat: ChatFormat, demo: Demo, max_len: int, context=None) -> l
 
     None / full: one concatenated sequence (`encode_demo`). obs_truncate: the same with each
     observation cut as the rollout shows it. window / single: one sequence per turn, the context
-    the rollout would build (`harness.context.build_context`) + that turn's action (loss on it).
+    the rollout would build (`harness.transcript.context.build_context`) + that turn's action (loss on it).
     """
     if context is None or context.policy == "full":
         return [encode_demo(chat, demo, max_len)]
-    from dataclasses import replace
-
-    from harness.context import APPEND_ONLY, build_context, shown_observation, system_ids
-
     shown = [shown_observation(chat, o, context) for o in demo.observations]
     if context.policy in APPEND_ONLY:
         return [encode_demo(chat, replace(demo, observations=shown), max_len)]
@@ -221,67 +218,3 @@ def sft_train(model: nn.Module, chat: ChatFormat, episodes: Sequence[Any], epoch
             "sft/tokens_per_s": round(tokens * 1.0 / max(seconds, 1e-9), 1),
             "sft/action_tokens": int(sum(sum(m) for _, m in examples)),
             "sft/tokens": int(sum(lengths))}
-
-
-# ----------------------------------------------------------------------------- SFT warm-up
-SFT_SEED = 0  # the warm-up is shared by all points of a sweep, whatever their train.seed
-
-
-def sft_cache_key(cfg, base_info: dict) -> str:
-    from harness.cache import content_hash
-    from harness.models import _code_key, _env_key
-
-    s = cfg.sft
-    return content_hash({"base": base_info["base"], "env": _env_key(cfg), "finetune": cfg.model.finetune,
-                         "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
-                         "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
-                         "context": _context_key(cfg.context),
-                         "dtype": cfg.model.dtype, "seed": SFT_SEED, "demo_start": _demo_start(base_info),
-                         "code": _code_key()})
-
-
-def _context_key(ctx) -> dict:
-    """The context settings that change SFT examples (only those: unrelated keys share the cache)."""
-    key = {"policy": ctx.policy}
-    if ctx.policy == "window":
-        key["window"] = ctx.window
-    if ctx.policy == "obs_truncate":
-        key["obs_tokens"] = ctx.obs_tokens
-    return key
-
-
-def _demo_start(base_info: dict) -> int:
-    return int(base_info.get("base_info", {}).get("demo_seed_index", 0))
-
-
-def sft_warmup(cfg, source: str, base_info: dict, cache_dir, device) -> tuple[str, dict]:
-    """The SFT warm-up of the base model at `source` (cached): returns (folder of the warmed-up full
-    model, provenance). LoRA fine-tuning trains an adapter (seed SFT_SEED) and merges it; full
-    fine-tuning trains all weights. Demonstrations are expert episodes on train seeds not used by
-    the tiny model's pre-training, laid out as the configured context policy shows them."""
-    from pathlib import Path
-
-    from harness.cache import build_once, read_record
-    from harness.models import DTYPES, load_pretrained, wrap_lora
-
-    start = _demo_start(base_info)
-
-    def build(out: Path) -> dict:
-        model, tok = load_pretrained(source, DTYPES[cfg.model.dtype])
-        model.to(device)
-        chat = ChatFormat(tok)
-        demos, used = collect_demos(cfg.env.name, cfg.env.options, cfg.sft.demos, start=start)
-        max_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
-        train = wrap_lora(model, cfg.model.lora, SFT_SEED) if cfg.model.finetune == "lora" else model
-        s = cfg.sft
-        metrics = sft_train(train, chat, demos, s.epochs, s.lr, s.batch_size, SFT_SEED, max_len, context=cfg.context)
-        if cfg.model.finetune == "lora":
-            model = train.merge_and_unload()
-        model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
-        return {"sft": metrics, "demo_seeds": [start, used], "demos": len(demos)}
-
-    entry, built = build_once(Path(cache_dir) / "sft", sft_cache_key(cfg, base_info), build,
-                              meta={"base": base_info["base"], "sft": cfg.sft.model_dump()})
-    return str(entry.resolve()), {"sft": f"sft:{entry.name}", "sft_built": built,
-                                  "sft_info": read_record(entry)["info"]}

@@ -2,12 +2,12 @@
 
 Machines without a model hub still need a tokenizer whose pieces fit the environments: it is
 trained (HF `tokenizers`, deterministic) on the exact chat-formatted text of expert episodes —
-instructions, observations and expert actions inside the Qwen turn format of `harness.chat` —
+instructions, observations and expert actions inside the Qwen turn format of `harness.transcript.chat` —
 and wrapped as a transformers fast tokenizer carrying Qwen2.5's chat template. Pre-tokenization
 is Qwen2's: its split regex (digits one by one) followed by byte-level mapping, so every string
 is encodable and `decode(encode(s)) == s`.
 
-Special tokens: `harness.chat.SPECIAL_TOKENS` (`<|endoftext|>` = pad, `<|im_start|>`,
+Special tokens: `harness.transcript.chat.SPECIAL_TOKENS` (`<|endoftext|>` = pad, `<|im_start|>`,
 `<|im_end|>` = end of turn and eos). Qwen's tool markers (`<tool_call>` ...) are added as
 single, non-special tokens as in Qwen2.5.
 """
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from harness.chat import (EOS, IM_END, IM_START, SPECIAL_TOKENS, TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE,
+from harness.transcript.chat import (EOS, IM_END, IM_START, SPECIAL_TOKENS, TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE,
                           TOOL_RESPONSE_END, observation_text, prompt_text)
 
 # Qwen2's pre-tokenizer split pattern (tokenizer.json of Qwen2.5).

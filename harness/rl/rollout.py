@@ -3,9 +3,9 @@
 `collect` plays one episode per task entry and returns one `Episode` per entry, each with one
 `StepRecord` per turn holding the exact sampled ids and the sampler's log-probs. Generation
 is our own loop (not HF `generate`): one forward per generated token for the whole active
-batch; temperature / top-p / greedy / constrained decoding live in `harness.sampling`.
+batch; temperature / top-p / greedy / constrained decoding live in `harness.rl.sampling`.
 
-Token layout (harness.chat): turn 0's segment is the prompt, later turns append the
+Token layout (harness.transcript.chat): turn 0's segment is the prompt, later turns append the
 observation segment. Observations are tokenized once; action text is decoded only to be sent
 to the environment. What the model saw is exactly the recorded ids:
   - append-only policies (full, obs_truncate): the concatenation of obs_ids and action_ids of
@@ -38,11 +38,11 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from harness.chat import ChatFormat
-from harness.config import RunConfig, TurnsConfig
-from harness.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
-from harness.records import Episode, StepRecord
-from harness.sampling import ActionTrie, allowed_mask, draw
+from harness.transcript.chat import ChatFormat
+from harness.config.schema import RunConfig, TurnsConfig
+from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
+from harness.transcript.records import Episode, StepRecord
+from harness.rl.sampling import ActionTrie, allowed_mask, draw
 
 DEFAULT_FINAL_TURN_NOTE = "Last turn: answer now."
 

@@ -6,14 +6,13 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
     for each update:
         tasks (seeded by (seed, update)) -> rollout (G episodes per task, lock-step)
         -> group filter (dapo may refill) -> training batch (layout + masks)
-        -> update (advantages, epochs x minibatches)       [harness.update]
+        -> update (advantages, epochs x minibatches)       [harness.rl.losses]
         -> diagnostics -> metrics.jsonl + MLflow; held-out eval every k; checkpoint every k
     final evaluation, adapter saved in PEFT format, summary returned to the runner
 """
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -25,25 +24,20 @@ from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
 from envs.vector import VectorEnv
-from harness.batch import build_batch
-from harness.checkpoint import load_checkpoint, save_checkpoint
-from harness.config import RunConfig
-from harness.diagnostics import CollapseMonitor, cross_prompt_similarity
-from harness.mi_proxy import distinct_prompt_pairs, mi_proxy
-from harness.episode_metrics import episode_metrics, group_reward_stats, sample_rows
-from harness.models import load_policy
-from harness.optimize import make_optimizer, run_update
-from harness.records import Episode
-from harness.rollout import collect, turn_budget_at
-from harness.seeding import seed_everything
-from harness.update import Diverged  # noqa: F401  (re-exported for the runner)
+from harness.rl.batch import build_batch
+from harness.rl.checkpoint import load_checkpoint, save_checkpoint
+from harness.config.schema import RunConfig, axis_params
+from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
+from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
+from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, sample_rows
+from harness.model.cache import cache_dir
+from harness.model.pipeline import attach_adapter, base_model, sft_warmup
+from harness.rl.update import make_optimizer, run_update
+from harness.transcript.records import Episode
+from harness.rl.rollout import collect, turn_budget_at
+from harness.rl.seeding import seed_everything
 
 ProgressFn = Callable[[dict], None]
-
-
-def cache_dir() -> Path:
-    """Content-hashed caches shared by every point (tiny models, SFT checkpoints, games)."""
-    return Path(os.environ.get("HARNESS_CACHE", "results/.cache"))
 
 
 def planned_updates(cfg: RunConfig) -> int:
@@ -70,7 +64,10 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         device = cfg.train.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        self.policy = load_policy(cfg, cache_dir(), self.device)
+        # the policy, built in three steps (harness.model.pipeline)
+        source, info = base_model(cfg, cache_dir())
+        source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
+        self.policy = attach_adapter(cfg, source, info, self.device)
         env = make_env(cfg.env.name, cfg.env.options)
         self.instructions = env.instructions
         self.markers = type(env).observation_markers
@@ -139,7 +136,7 @@ class Trainer:
         rewards = torch.tensor([e.outcome for e in eps], dtype=torch.float32)
         group = torch.tensor([e.group for e in eps])
         try:
-            res = GROUP_FILTER.get(f.name)(rewards, group, FilterParams(top_p=f.p, top_k=f.k))
+            res = GROUP_FILTER.get(f.name)(rewards, group, axis_params(FilterParams, f))
             keep, st = res.keep.tolist(), res.stats
         except EmptyBatchError as err:
             keep, st = [False] * len(eps), err.stats

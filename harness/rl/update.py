@@ -1,16 +1,82 @@
-"""The optimisation step: epochs x minibatches x micro-batches over one training batch."""
+"""One RL update on an assembled batch, top to bottom:
+
+    behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
+    -> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
+    -> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
+       -> backward; clip grad -> optimizer step
+    -> diagnostics reduced once (one sync point)
+"""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from algorithms import KL_ESTIMATOR
+from algorithms import ADV_NORM, ADVANTAGE, KL_ESTIMATOR
 from algorithms.aggregation import global_counts
-from algorithms.utils import masked_mean
-from harness.batch import TrainBatch
-from harness.config import RunConfig
-from harness.update import Diverged, Forward, _loss_terms, advantages, behaviour_forward
+from algorithms.types import AdvantageInputs, AdvantageParams
+from algorithms.utils import masked_mean, turn_rewards_to_tokens
+from harness.config.errors import Diverged
+from harness.config.schema import RunConfig, axis_params
+from harness.model.logprobs import token_logprobs
+from harness.rl.batch import TrainBatch
+from harness.rl.losses import loss_terms, on_device, policy_forward
+
+
+@dataclass
+class Forward:
+    """Per-row tensors (B, T) computed once at the start of an update, without gradients."""
+
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    old_values: torch.Tensor | None
+
+
+def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
+    idx = torch.arange(n)
+    return [idx[i: i + size] for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
+    """Recompute behaviour and reference log-probs (and values) over all rows. The reference is
+    always computed: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
+    old, ref, val = [], [], []
+    T = batch.input_ids.shape[1]
+    for idx in _micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
+        mb = batch.rows(idx)
+        pad = (0, T - mb.input_ids.shape[1])
+        lp, _, v = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
+                                  with_entropy=False, with_values=cfg.algo.critic.enabled, allowed=mb.allowed)
+        old.append(torch.nn.functional.pad(lp, pad))
+        if v is not None:
+            val.append(torch.nn.functional.pad(v, pad))
+        with policy.reference() as ref_model:
+            dev = next(ref_model.parameters()).device
+            rlp, _ = token_logprobs(ref_model, on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev),
+                                    temperature=cfg.rollout.temperature, allowed=on_device(mb.allowed, dev))
+        ref.append(torch.nn.functional.pad(rlp.to(mb.input_ids.device), pad))
+    cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
+    return Forward(cat(old), cat(ref), cat(val))
+
+
+def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages on the rows (B, T) and critic returns (B, T) or None."""
+    a = cfg.algo
+    token_rewards = turn_rewards_to_tokens(batch.turn_rewards, batch.stream_turn, batch.stream_mask)
+    if a.kl.where == "reward" and a.kl.estimator != "none":
+        kl = KL_ESTIMATOR.get(a.kl.estimator)(fwd.old_logp, fwd.ref_logp)  # (B,T)
+        token_rewards = token_rewards - a.kl.coef * batch.to_stream(kl * batch.action_mask)
+    inputs = AdvantageInputs(
+        mask=batch.stream_mask, turn_index=batch.stream_turn, rewards=batch.rewards, group=batch.group,
+        turn_rewards=batch.turn_rewards, turn_mask=batch.turn_mask, task=batch.task, env=batch.env,
+        anchor=batch.anchor, token_rewards=token_rewards,
+        values=batch.to_stream(fwd.old_values) if fwd.old_values is not None else None)
+    params = axis_params(AdvantageParams, a.adv)
+    out = ADVANTAGE.get(a.adv.estimator)(inputs, params)
+    adv = ADV_NORM.get(a.adv.norm)(out.advantages, inputs, params)
+    returns = batch.to_rows(out.returns) if out.returns is not None else None
+    return batch.to_rows(adv), returns
 
 
 def make_optimizer(policy, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -81,21 +147,20 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     steps = 0
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
-            agg_params = replace(global_counts(batch.loss_mask[mb_idx]), t_const=a.agg_len)
+            agg_params = replace(global_counts(batch.loss_mask[mb_idx]), agg_len=a.agg_len)
             # the critic is fitted on action tokens only (observations have no returns)
-            value_agg_params = replace(global_counts(batch.action_mask[mb_idx]), t_const=a.agg_len)
+            value_agg_params = replace(global_counts(batch.action_mask[mb_idx]), agg_len=a.agg_len)
             optimizer.zero_grad(set_to_none=True)
             for micro in _micro_batches(batch, mb_idx, a.micro_batch_size):
                 mb = batch.rows(micro)
                 T = mb.input_ids.shape[1]
                 pick = lambda x: None if x is None else x[micro, :T]  # noqa: E731
-                loss, terms, stats, *_ = _loss_terms(policy, mb, adv[micro, :T], fwd.old_logp[micro, :T],
-                                                     pick(fwd.ref_logp), pick(fwd.old_values), pick(returns),
-                                                     cfg, agg_params, value_agg_params)
-                if not torch.isfinite(loss):
-                    raise Diverged(f"non-finite loss {loss.item()} in the update")
-                loss.backward()
-                for k, v in {**terms, **{f"diag/{k}": v for k, v in stats.items()}}.items():
+                out = loss_terms(policy, mb, adv[micro, :T], fwd.old_logp[micro, :T], pick(fwd.ref_logp),
+                                 pick(fwd.old_values), pick(returns), cfg, agg_params, value_agg_params)
+                if not torch.isfinite(out.loss):
+                    raise Diverged(f"non-finite loss {out.loss.item()} in the update")
+                out.loss.backward()
+                for k, v in {**out.terms, **{f"diag/{k}": v for k, v in out.stats.items()}}.items():
                     sums.setdefault(k, []).append(v.detach().float())
             gn = torch.nn.utils.clip_grad_norm_(params, a.grad_clip if a.grad_clip > 0 else float("inf"))
             if not torch.isfinite(gn):

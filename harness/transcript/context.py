@@ -1,4 +1,4 @@
-"""Context policies (`context.policy`, REFERENCE section 7): what the policy sees at each turn.
+"""Context policies (`context.policy`, docs/algorithms.md section 7): what the policy sees at each turn.
 
 Every context is built from token-id segments, never from re-encoded history:
 
@@ -23,8 +23,8 @@ In every policy the context ends with the current observation segment (turn 0: t
 from __future__ import annotations
 
 from algorithms.registry import Registry
-from harness.chat import IM_END, IM_START, TRUNCATED, ChatFormat
-from harness.config import ContextConfig
+from harness.transcript.chat import IM_END, IM_START, TRUNCATED, ChatFormat
+from harness.config.schema import ContextConfig
 
 CONTEXT_POLICIES = Registry("context.policy", "what the policy sees at each turn")
 APPEND_ONLY = frozenset({"full", "obs_truncate"})

@@ -1,7 +1,7 @@
 """What a rollout produces: one StepRecord per turn, one Episode per trajectory.
 
 Token ids are kept exactly as sampled (actions) or as tokenized once (prompt, observations);
-training sequences are assembled from these ids only (see `harness.batch`).
+training sequences are assembled from these ids only (see `harness.rl.batch`).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from algorithms import AGGREGATION, AggParams, global_counts
 
 L = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 8.0, 9.0, 9.0]])
 M = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])  # third row: nothing trained
-P = AggParams(t_const=8)
+P = AggParams(agg_len=8)
 
 # tokens 1+2+3 (row 0) and 5 (row 1); row 2 is empty and excluded everywhere
 EXPECTED = {
@@ -32,7 +32,7 @@ def test_masked_values_never_matter(name):
 
 
 def test_sum_norm_needs_t_const():
-    with pytest.raises(ValueError, match="t_const"):
+    with pytest.raises(ValueError, match="agg_len"):
         AGGREGATION.get("seq-mean-token-sum-norm")(L, M, AggParams())
 
 
@@ -63,7 +63,7 @@ def test_micro_batches_sum_to_full_batch(seed, B, T, name, data):
     loss, mask = _random(seed, B, T)
     fn = AGGREGATION.get(name)
     g = global_counts(mask)
-    full = fn(loss, mask, AggParams(t_const=T))
+    full = fn(loss, mask, AggParams(agg_len=T))
     cuts = sorted(data.draw(st.lists(st.integers(1, B - 1), max_size=3, unique=True))) if B > 1 else []
     bounds = [0, *cuts, B]
     micro = sum(fn(loss[a:b], mask[a:b], AggParams(g.num_tokens, g.num_seqs, T))
@@ -81,13 +81,13 @@ def test_micro_batches_sum_to_full_batch(seed, B, T, name, data):
 def test_padding_and_masked_values_invariant(seed, B, T, name):
     loss, mask = _random(seed, B, T)
     fn = AGGREGATION.get(name)
-    ref = fn(loss, mask, AggParams(t_const=T))
+    ref = fn(loss, mask, AggParams(agg_len=T))
     noisy = torch.where(mask.bool(), loss, torch.randn_like(loss) * 1e6)
     padded_l = torch.cat([noisy, torch.randn(B, 3, dtype=loss.dtype)], 1)  # extra padding cols
     padded_m = torch.cat([mask, torch.zeros(B, 3, dtype=mask.dtype)], 1)
     extra_l = torch.cat([padded_l, torch.randn(2, T + 3, dtype=loss.dtype)], 0)  # empty rows
     extra_m = torch.cat([padded_m, torch.zeros(2, T + 3, dtype=mask.dtype)], 0)
-    assert torch.allclose(fn(extra_l, extra_m, AggParams(t_const=T)), ref, atol=1e-12)
+    assert torch.allclose(fn(extra_l, extra_m, AggParams(agg_len=T)), ref, atol=1e-12)
     assert math.isfinite(ref.item())
 
 

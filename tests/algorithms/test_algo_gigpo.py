@@ -22,7 +22,7 @@ def _example(anchor=((10, 11), (10, 12)), turn_mask=((1, 1), (1, 1)), group=(0, 
 
 
 def test_hand_computed_mean_norm():
-    out = gigpo(_example(), AdvantageParams(step_gamma=0.5, gigpo_mode="mean_norm"))
+    out = gigpo(_example(), AdvantageParams(gigpo_gamma=0.5, gigpo_mode="mean_norm"))
     # A^E = R - mean = +-0.5. Step returns: traj 0 (0.5, 1), traj 1 (0, 0).
     # anchor 10 holds (0.5, 0) -> A^S = +-0.25; anchors 11, 12 are singletons -> 0.
     exp = torch.tensor([[0.75, 0.75, 0.0, 0.5, 0.5], [-0.75, -0.75, 0.0, -0.5, -0.5]])
@@ -30,7 +30,7 @@ def test_hand_computed_mean_norm():
 
 
 def test_hand_computed_mean_std_norm():
-    out = gigpo(_example(), AdvantageParams(step_gamma=0.5, gigpo_mode="mean_std_norm"))
+    out = gigpo(_example(), AdvantageParams(gigpo_gamma=0.5, gigpo_mode="mean_std_norm"))
     e = 0.5 / (math.sqrt(0.5) + 1e-6)   # std of (1, 0) = sqrt(1/2)
     st_ = 0.25 / (math.sqrt(0.125) + 1e-6)  # std of (0.5, 0) = sqrt(1/8)
     exp = torch.tensor([[e + st_, e + st_, 0.0, e, e], [-e - st_, -e - st_, 0.0, -e, -e]])
@@ -38,17 +38,17 @@ def test_hand_computed_mean_std_norm():
 
 
 def test_step_weight():
-    out = gigpo(_example(), AdvantageParams(step_gamma=0.5, gigpo_mode="mean_norm",
-                                            step_weight=2.0))
+    out = gigpo(_example(), AdvantageParams(gigpo_gamma=0.5, gigpo_mode="mean_norm",
+                                            gigpo_step_weight=2.0))
     assert torch.allclose(out.advantages[0, 0], torch.tensor(1.0))  # 0.5 + 2 * 0.25
 
 
 def test_episode_stats_over_steps():
     # traj 0 has 2 turns (R = 1), traj 1 has 1 turn (R = 0): weighted mean = 2/3
     inp = _example(turn_mask=((1, 1), (1, 0)))
-    traj = gigpo(inp, AdvantageParams(gigpo_mode="mean_norm", step_gamma=0.5))
-    steps = gigpo(inp, AdvantageParams(gigpo_mode="mean_norm", step_gamma=0.5,
-                                       episode_stats="steps"))
+    traj = gigpo(inp, AdvantageParams(gigpo_mode="mean_norm", gigpo_gamma=0.5))
+    steps = gigpo(inp, AdvantageParams(gigpo_mode="mean_norm", gigpo_gamma=0.5,
+                                       gigpo_episode_stats="steps"))
     # step part is identical in both: anchor 10 holds (0.5, 0) -> +-0.25
     assert traj.advantages[0, 3].item() == pytest.approx(0.5)
     assert steps.advantages[0, 3].item() == pytest.approx(1 / 3)
@@ -90,10 +90,8 @@ def test_distinct_anchors_equal_episode_level(seed, N, K, mode):
     assert torch.allclose(out.advantages, episode.advantages, atol=1e-6)
 
 
-def test_episode_stats_aliases():
+def test_episode_stats_has_one_spelling():
     inp = _example(turn_mask=((1, 1), (1, 0)))
-    for a, b in (("trajectories", "trajectory"), ("steps", "step")):
-        x = gigpo(inp, AdvantageParams(episode_stats=a)).advantages
-        assert torch.equal(x, gigpo(inp, AdvantageParams(episode_stats=b)).advantages)
-    with pytest.raises(ValueError, match="episode_stats"):
-        gigpo(inp, AdvantageParams(episode_stats="episodes"))
+    for other in ("trajectory", "step", "episodes"):
+        with pytest.raises(ValueError, match="gigpo_episode_stats"):
+            gigpo(inp, AdvantageParams(gigpo_episode_stats=other))

@@ -45,12 +45,12 @@ def test_dual_clip():
     logp, old = torch.tensor([[LN(5.0), LN(2.0)]]), torch.zeros(1, 2)
     adv, mask = torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
     off, _ = _call("token", logp, old, adv, mask)
-    on, stats = _call("token", logp, old, adv, mask, params=ClipParams(dual_clip_c=3.0))
+    on, stats = _call("token", logp, old, adv, mask, params=ClipParams(dual_c=3.0))
     assert torch.allclose(off, torch.tensor([[5.0, 2.0]]))  # max(r, 0.8) for A = -1
     assert torch.allclose(on, torch.tensor([[3.0, 2.0]]))   # min(5, c * 1) = 3
     assert stats["dual_clip_frac"].item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="> 1"):
-        ClipParams(dual_clip_c=0.5)
+        ClipParams(dual_c=0.5)
 
 
 def test_log_ratio_clamped_before_exp():

@@ -50,7 +50,7 @@ def curve_rows(final: float, seed: int, collapse: int | None, updates: int = 10)
 
 
 def make_clip_sweep(root: Path, with_sweep_json: bool = True, drop: tuple = ()) -> Path:
-    """sweep.json as harness.sweep.Sweep.manifest writes it. 3 clip levels x 3 seeds. ppo = baseline; dual = ppo + 0.25 on every seed; none: seeds 0, 1
+    """sweep.json as harness.experiments.sweep.Sweep.manifest writes it. 3 clip levels x 3 seeds. ppo = baseline; dual = ppo + 0.25 on every seed; none: seeds 0, 1
     collapsed, seed 2 failed. `drop` = point ids whose folders are not written (missing)."""
     points = []
     for level in FINAL:

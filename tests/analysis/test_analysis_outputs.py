@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from analysis.load import AnalysisError
 from analysis.plot import bands, make_plots
 from analysis.report import write_report
-from harness.cli_analysis import register
+from harness.cli.analysis import register
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -88,7 +88,7 @@ def test_cli_bad_input_is_one_paragraph_exit_2(cli, tmp_path):
 
 
 def test_analysis_never_imports_torch_or_the_trainer():
-    code = ("import sys, analysis, analysis.table, analysis.plot, analysis.report, harness.cli_analysis; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.trainer'))]; "
+    code = ("import sys, analysis, analysis.table, analysis.plot, analysis.report, harness.cli.analysis; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.rl.trainer'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,8 +14,8 @@ import os
 import time
 from pathlib import Path
 
-from harness.errors import Diverged
-from harness.tracking import append_jsonl, atomic_write_json
+from harness.config.errors import Diverged
+from harness.experiments.tracking import append_jsonl, atomic_write_json
 
 CALLS = "fake_calls.jsonl"
 

@@ -1,8 +1,8 @@
-"""Layouts and masks of training sequences, on hand-built episodes (REFERENCE section 1)."""
+"""Layouts and masks of training sequences, on hand-built episodes (docs/algorithms.md section 1)."""
 import torch
 
-from harness.batch import build_batch
-from harness.records import Episode, StepRecord
+from harness.rl.batch import build_batch
+from harness.transcript.records import Episode, StepRecord
 
 PAD = 0
 

@@ -1,7 +1,7 @@
 """`harness bench` measures both sides of every ratio in one process (smoke, tiny sizes)."""
 import math
 
-from harness.bench import run_bench
+from harness.bench.run import run_bench
 from tests.harness.test_trainer import cfg_with
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sweep import load_sweep
+from harness.experiments.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -118,7 +118,7 @@ def test_progress_plain_lines_and_live_view():
 
     from rich.console import Console
 
-    from harness.progress import SweepProgress
+    from harness.experiments.progress import SweepProgress
 
     buf = io.StringIO()
     plain = SweepProgress(Console(file=buf, force_terminal=False, width=60), plain_every_s=0)

@@ -1,13 +1,15 @@
 """Strict config loading: every shipped config loads; every malformed file gets a clear message."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from harness.config import RunConfig
-from harness.errors import ConfigError
-from harness.loading import (flatten, iter_config_fields, load_run_config, parse_override,
+from algorithms.types import AdvantageParams, AggParams, ClipParams, FilterParams
+from harness.config.errors import ConfigError
+from harness.config.schema import RENAMED_KEYS, RunConfig, axis_params
+from harness.experiments.loading import (flatten, iter_config_fields, load_run_config, parse_override,
                              validate_run_config)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,3 +135,41 @@ def test_validate_run_config_accepts_a_mapping():
 def test_every_config_field_is_documented():
     undocumented = [key for key, info in iter_config_fields() if not (info.description or "").strip()]
     assert not undocumented
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
+def test_a_renamed_key_names_its_new_key(tmp_path, old):
+    section, _, leaf = old.rpartition(".")
+    text = "".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) + \
+        f"{'  ' * len(section.split('.'))}{leaf}: 0.5\n"
+    msg = error_of(write(tmp_path, text))
+    assert f"{old} was renamed to {RENAMED_KEYS[old]}" in msg
+    assert f"{old} was renamed" in error_of(write(tmp_path, ""), [f"{old}=0.5"])
+
+
+# Params fields that are not config keys (fixed numerical constants of the algorithms).
+NOT_CONFIG = {ClipParams: {"log_ratio_clamp"}, AdvantageParams: {"eps", "whiten_eps"},
+              FilterParams: set(), AggParams: {"num_tokens", "num_seqs"}}
+SECTIONS = {ClipParams: "algo.clip", AdvantageParams: "algo.adv", FilterParams: "algo.filter", AggParams: "algo"}
+
+
+@pytest.mark.parametrize("cls", list(SECTIONS), ids=lambda c: c.__name__)
+def test_axis_params_carry_the_config_key_names(cls):
+    """One name per setting: every params field is the config key of its section (or a fixed constant)."""
+    section = RunConfig()
+    for part in SECTIONS[cls].split("."):
+        section = getattr(section, part)
+    keys = set(type(section).model_fields)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert fields - NOT_CONFIG[cls] <= keys, f"{cls.__name__} fields not named as in {SECTIONS[cls]}: " \
+        f"{sorted(fields - NOT_CONFIG[cls] - keys)}"
+
+
+def test_axis_params_are_built_from_the_config_by_name(tmp_path):
+    cfg = load_run_config(write(tmp_path, "algo:\n  clip: {eps_low: 0.1, eps_high: 0.3, dual_c: 3.0}\n"
+                                          "  adv: {gigpo_gamma: 0.5, gigpo_episode_stats: steps}\n"
+                                          "  filter: {top_p: 0.7, top_k: 0.25}\n"))
+    assert axis_params(ClipParams, cfg.algo.clip) == ClipParams(eps_low=0.1, eps_high=0.3, dual_c=3.0)
+    adv = axis_params(AdvantageParams, cfg.algo.adv)
+    assert (adv.gigpo_gamma, adv.gigpo_episode_stats, adv.gamma) == (0.5, "steps", 1.0)
+    assert axis_params(FilterParams, cfg.algo.filter) == FilterParams(top_p=0.7, top_k=0.25)

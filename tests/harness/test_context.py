@@ -5,9 +5,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from harness.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
-from harness.config import ContextConfig
-from harness.context import (APPEND_ONLY, CONTEXT_POLICIES, build_context, check_prompt_split,
+from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
+from harness.config.schema import ContextConfig
+from harness.transcript.context import (APPEND_ONLY, CONTEXT_POLICIES, build_context, check_prompt_split,
                              shown_observation, system_ids, truncate_observation)
 
 

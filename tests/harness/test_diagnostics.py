@@ -1,4 +1,4 @@
-"""Collapse diagnostics (REFERENCE section 9): MI proxy math and model scoring, echo trap,
+"""Collapse diagnostics (docs/algorithms.md section 9): MI proxy math and model scoring, echo trap,
 KL spikes, checkpoint round-trips, cross-prompt similarity."""
 import math
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from harness.diagnostics import CollapseMonitor, EchoTrapDetector, KLSpikeDetector, cross_prompt_similarity
-from harness.logprobs import naive_token_logprobs
-from harness.mi_proxy import cross_logprob_matrix, distinct_prompt_pairs, mi_from_scores, mi_proxy
+from harness.diagnostics.collapse import CollapseMonitor, EchoTrapDetector, KLSpikeDetector, cross_prompt_similarity
+from harness.bench.memory import naive_token_logprobs
+from harness.diagnostics.mi_proxy import cross_logprob_matrix, distinct_prompt_pairs, mi_from_scores, mi_proxy
 
 PAD = 0
 

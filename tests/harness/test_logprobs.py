@@ -7,8 +7,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from harness.logprobs import (logprobs_from_hidden, hidden_states, measure_peak_bytes, naive_token_logprobs,
-                              peak_memory_ratio, token_logprobs)
+from harness.bench.memory import measure_peak_bytes, naive_token_logprobs, peak_memory_ratio
+from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 
 
 def _model(vocab=300, hidden=32, seed=0):

@@ -8,12 +8,14 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-import harness.models as models
-from harness.config import RunConfig
-from harness.errors import ConfigError
-from harness.models import ModelError, init_tiny_model, load_policy
-from harness.sft import collect_demos
-from harness.tokenizer import episode_text, train_tokenizer
+import harness.model.tiny as tiny_family
+from harness.config.schema import RunConfig
+from harness.config.errors import ConfigError
+from harness.model.base import ModelError
+from harness.model.pipeline import load_policy
+from harness.model.tiny import init_tiny_model
+from harness.model.supervised import collect_demos
+from harness.model.tokenizer import episode_text, train_tokenizer
 
 
 def small_cfg(**over) -> RunConfig:
@@ -73,7 +75,7 @@ def test_build_cache_hit_and_determinism(tmp_path, monkeypatch):
     def no_build(*_):
         raise AssertionError("rebuilt despite a complete cache entry")
 
-    monkeypatch.setattr(models, "_build_tiny", no_build)
+    monkeypatch.setattr(tiny_family, "_build_tiny", no_build)
     p2 = load_policy(cfg, tmp_path / "a", "cpu")
     assert not p2.info["base_built"]
     s1, s2 = p1.model.state_dict(), p2.model.state_dict()
@@ -84,8 +86,8 @@ def test_build_cache_hit_and_determinism(tmp_path, monkeypatch):
     s3 = p3.model.state_dict()
     assert all(torch.equal(s1[k], s3[k]) for k in s1)
     other = small_cfg(**{"model.tiny.pretrain_demos": 8})
-    assert models.tiny_cache_key(other) != models.tiny_cache_key(cfg)
-    assert models.tiny_cache_key(small_cfg(**{"train.seed": 9})) == models.tiny_cache_key(cfg)
+    assert tiny_family.tiny_cache_key(other) != tiny_family.tiny_cache_key(cfg)
+    assert tiny_family.tiny_cache_key(small_cfg(**{"train.seed": 9})) == tiny_family.tiny_cache_key(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,7 @@ def test_lora_reference_is_base_and_stays(lora_policy, tmp_path):
     trainable = p.actor_parameters()
     assert trainable and all("lora_" in n for n, q in p.model.named_parameters() if q.requires_grad)
     opt = torch.optim.SGD(trainable, lr=1.0)
-    from harness.logprobs import token_logprobs
+    from harness.model.logprobs import token_logprobs
     for _ in range(2):  # two steps: the first only moves B (A's gradient is 0 while B = 0)
         opt.zero_grad()
         (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
@@ -162,7 +164,7 @@ def test_full_finetune_reference_is_a_frozen_copy(tmp_path):
         before = _logits(ref, ids, mask)
         assert ref is not p.model and not any(q.requires_grad for q in ref.parameters())
     opt = torch.optim.SGD(p.actor_parameters(), lr=0.5)
-    from harness.logprobs import token_logprobs
+    from harness.model.logprobs import token_logprobs
     (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
     opt.step()
     assert not torch.allclose(_logits(p.model, ids, mask), before, atol=1e-4)
@@ -179,7 +181,7 @@ def test_sft_warmup_is_cached_and_is_the_reference(tmp_path, monkeypatch):
     with p.reference() as ref:
         warm = _logits(ref, ids, mask)
     assert not torch.allclose(warm, _logits(base.eval(), ids, mask), atol=1e-4)  # the reference is the SFT model
-    monkeypatch.setattr("harness.sft.sft_train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
+    monkeypatch.setattr("harness.model.sft.sft_train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
     q = load_policy(small_cfg(**{"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3,
                                  "train.seed": 5}), tmp_path, "cpu")
     assert not q.info["sft_built"]
@@ -198,7 +200,7 @@ def test_unavailable_model_is_a_clear_error(tmp_path, name, monkeypatch):
 
 
 def _racer(root, out, barrier):
-    from harness.cache import build_once
+    from harness.model.cache import build_once
 
     def build(tmp):
         with open(out, "a") as f:

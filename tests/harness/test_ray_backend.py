@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.runner import RunOptions, run_sweep
-from harness.sweep import load_sweep
-from harness.tracking import read_jsonl
+from harness.experiments.runner import RunOptions, run_sweep
+from harness.experiments.sweep import load_sweep
+from harness.experiments.tracking import read_jsonl
 
 pytest.importorskip("ray")  # the optional extra `dist`
 
@@ -182,7 +182,7 @@ def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
 def test_missing_ray_and_misplaced_options_are_clear_messages(tmp_path):
     base = {"env": {"name": "frozenlake"}, "tracking": {"mlflow": False}}
     path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})
-    code = ("import sys; sys.modules['ray'] = None; from harness.cli import main; "
+    code = ("import sys; sys.modules['ray'] = None; from harness.cli.main import main; "
             f"main(['sweep', {str(path)!r}, '--backend', 'ray', '--results', {str(tmp_path / 'r')!r}])")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                          timeout=120)

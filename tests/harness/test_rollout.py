@@ -10,9 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from envs.base import Env, ParsedAction, StepResult
-from harness.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
-from harness.config import RunConfig
-from harness.rollout import collect, turn_budget_at
+from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
+from harness.config.schema import RunConfig
+from harness.rl.rollout import collect, turn_budget_at
 
 CORPUS = ["count the steps and answer go or stop", "go left go right ab ab abab cab",
           "You are counting. Say go until done.", "state 0 1 2 3 4 5 6 7 8 9 x y z ab", "stop go"] * 20
@@ -221,7 +221,7 @@ def test_reuse_cache_off_gives_same_episodes(chat):
 def test_no_decode_encode_drift(chat):
     """The model is steered to emit 'a','b',EOT; 'ab' is one BPE token, so decode->encode would
     give different ids. Records keep the sampled ids, and the trainer's stream is what was fed."""
-    from harness.batch import episode_stream
+    from harness.rl.batch import episode_stream
     V = len(chat.tokenizer)
     a, b = chat.encode("a")[0], chat.encode("b")[0]
     assert chat.encode("ab") != [a, b]  # re-encoding would merge
@@ -292,7 +292,7 @@ def _segments(ep, system_len):
 
 @pytest.mark.parametrize("policy", ["window", "single", "obs_truncate"])
 def test_context_policies(chat, policy):
-    from harness.context import system_ids
+    from harness.transcript.context import system_ids
     model = eot_biased(chat)
     cfg = make_cfg(context__policy=policy, context__window=2, context__obs_tokens=4, rollout__temperature=0.7)
     eps = run(model, chat, TASKS[:4], cfg, env=EndlessEnv, turn_budget=5)
@@ -321,7 +321,7 @@ def test_context_policies(chat, policy):
 
 
 def test_constrained_decoding_emits_only_admissible(chat):
-    from harness.sampling import ActionTrie
+    from harness.rl.sampling import ActionTrie
     admissible = ["go", "stop", "go left", "ab", "x y z"]
     model = eot_biased(chat, eot_bias=0.0)
     cfg = make_cfg(rollout__constrain=True, rollout__temperature=1.3, max_new_tokens=12)
@@ -352,8 +352,8 @@ def test_constrained_decoding_emits_only_admissible(chat):
 def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
     """The training batch carries each constrained token's admissible set, so the trainer's
     log-probs are those of the renormalised distribution the sampler drew from (both layouts)."""
-    from harness.batch import build_batch
-    from harness.logprobs import token_logprobs
+    from harness.rl.batch import build_batch
+    from harness.model.logprobs import token_logprobs
     admissible = ["go", "stop", "go left", "ab", "x y z"]
     model = tiny_model(len(chat.tokenizer))
     cfg = make_cfg(rollout__constrain=True, rollout__temperature=1.3, context__policy=policy, max_new_tokens=12)
@@ -372,7 +372,7 @@ def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
         assert (free[act] - raw).abs().max() < 1e-4
     sub = batch.rows(torch.tensor([1, 2]))
     assert sub.allowed.shape[:2] == sub.input_ids.shape
-    from harness.episode_metrics import episode_metrics
+    from harness.diagnostics.episode_metrics import episode_metrics
     mass = episode_metrics(eps, "env")["env/constrained_mass"]
     zs = [math.exp(r - c) for ep in eps for st in ep.steps
           for r, c in zip(st.unconstrained_logprobs, st.sampler_logprobs)]
@@ -391,7 +391,7 @@ def test_env_error_ends_episode(chat):
 
 
 def test_bench_helpers_smoke(chat):
-    from harness.rollout_bench import bench_batched_vs_sequential, bench_turn_cost
+    from harness.bench.rollout import bench_batched_vs_sequential, bench_turn_cost
     model = eot_biased(chat, eot_bias=-1e4)
     cfg = make_cfg(max_new_tokens=3)
     r = bench_batched_vs_sequential(model, chat, cfg, batch=2, turns=2)

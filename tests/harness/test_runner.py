@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import fake_trainer
-from harness.runner import RunOptions, plan, read_status, run_point, run_sweep
-from harness.sweep import load_sweep
-from harness.tracking import RunLogger, atomic_write_text, read_jsonl
+from harness.experiments.runner import RunOptions, plan, read_status, run_point, run_sweep
+from harness.experiments.sweep import load_sweep
+from harness.experiments.tracking import RunLogger, atomic_write_text, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -272,8 +272,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
 
 
 def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
-    pytest.importorskip("harness.trainer", reason="the trainer is written in another issue")
-    from harness.sweep import single_point
+    from harness.experiments.sweep import single_point
 
     overrides = ["train.updates=2", "train.eval_every=1", "train.eval_episodes=2", "rollout.group_size=2",
                  "rollout.tasks_per_update=2", "model.tiny.pretrain_demos=8", "model.tiny.pretrain_epochs=1",

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.chat import ChatFormat
-from harness.config import ContextConfig, RunConfig
-from harness.context import build_context, system_ids
-from harness.logprobs import naive_token_logprobs
-from harness.models import init_tiny_model
-from harness.sft import (action_loss, collate, collect_demos, demo_examples, encode_demo, length_batches,
+from harness.transcript.chat import ChatFormat
+from harness.config.schema import ContextConfig, RunConfig
+from harness.transcript.context import build_context, system_ids
+from harness.bench.memory import naive_token_logprobs
+from harness.model.tiny import init_tiny_model
+from harness.model.supervised import (action_loss, collate, collect_demos, demo_examples, encode_demo, length_batches,
                          sft_train)
-from harness.tokenizer import episode_text, train_tokenizer
+from harness.model.tokenizer import episode_text, train_tokenizer
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "vocab_size": 320,
         "max_position": 256}
@@ -121,7 +121,7 @@ def greedy_success(policy, cfg: RunConfig, n: int = 200, greedy: bool = True) ->
     """Held-out success of `policy` through the real rollout engine (for measurement only)."""
     from envs import ENVS, make_env
     from envs.vector import VectorEnv
-    from harness.rollout import collect
+    from harness.rl.rollout import collect
 
     seeds = ENVS.get(cfg.env.name).task_seeds("heldout", n, cfg.env.options)
     venv = VectorEnv(cfg.env.name, cfg.env.options, n=n)
@@ -136,7 +136,7 @@ def greedy_success(policy, cfg: RunConfig, n: int = 200, greedy: bool = True) ->
 
 @pytest.mark.slow
 def test_default_tiny_model_solves_heldout_frozenlake(tmp_path):
-    from harness.models import load_policy
+    from harness.model.pipeline import load_policy
 
     cfg = RunConfig()
     policy = load_policy(cfg, tmp_path, "cpu")

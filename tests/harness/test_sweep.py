@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import RunConfig
-from harness.errors import ConfigError
-from harness.loading import flatten, iter_config_fields
-from harness.provenance import config_hash
-from harness.sweep import load_sweep, short_key
+from harness.config.schema import RunConfig
+from harness.config.errors import ConfigError
+from harness.experiments.loading import flatten, iter_config_fields
+from harness.experiments.provenance import config_hash
+from harness.experiments.sweep import load_sweep, short_key
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in (REPO / "sweeps").glob("*.yaml") if not p.name.startswith("tune_"))  # tune_*: studies
@@ -110,7 +110,7 @@ def test_point_id_is_slug_seed_and_config_hash(tmp_path):
 
 
 def _ids_in_subprocess(path: Path) -> list[str]:
-    code = f"from harness.sweep import load_sweep; print('\\n'.join(p.id for p in load_sweep({str(path)!r}).points))"
+    code = f"from harness.experiments.sweep import load_sweep; print('\\n'.join(p.id for p in load_sweep({str(path)!r}).points))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     return out.stdout.split()
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from harness.chat import EOS, IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, ChatFormat
-from harness.sft import collect_demos
-from harness.tokenizer import episode_text, train_tokenizer
+from harness.transcript.chat import EOS, IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, ChatFormat
+from harness.model.supervised import collect_demos
+from harness.model.tokenizer import episode_text, train_tokenizer
 
 
 @pytest.fixture(scope="module")

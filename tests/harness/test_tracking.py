@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 import fake_trainer
-from harness.runner import RunOptions, run_sweep
-from harness.sweep import load_sweep
-from harness.tracking import RunLogger, default_tracking_uri, read_jsonl
+from harness.experiments.runner import RunOptions, run_sweep
+from harness.experiments.sweep import load_sweep
+from harness.experiments.tracking import RunLogger, default_tracking_uri, read_jsonl
 
 pytest.importorskip("mlflow")
 

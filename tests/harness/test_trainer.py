@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.config import RunConfig
-from harness.tracking import RunLogger
-from harness.trainer import train
+from harness.config.schema import RunConfig
+from harness.experiments.tracking import RunLogger
+from harness.rl.trainer import train
 
 TINY = {
     "model": {"tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
@@ -63,8 +63,8 @@ def test_tiny_run_writes_rows_summary_adapter_and_diagnostics(tmp_path):
     assert rows[1]["diag/logprob_mismatch_max"] < 1e-4  # sampler and trainer agree
     assert 0.0 <= summary["final/eval_greedy/success"] <= 1.0 and "collapsed_at" in summary
     from peft import PeftModel
-    from harness.models import load_policy
-    from harness.trainer import cache_dir
+    from harness.model.pipeline import load_policy
+    from harness.model.cache import cache_dir
     base = load_policy(cfg_with(), cache_dir(), "cpu")
     loaded = PeftModel.from_pretrained(base.model.get_base_model(), tmp_path / "a" / "adapter")
     assert any("lora" in n for n, _ in loaded.named_parameters())

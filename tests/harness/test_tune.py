@@ -20,10 +20,10 @@ import yaml
 from optuna.trial import TrialState
 
 import tune_fake_trainer
-from harness.errors import ConfigError
-from harness.tracking import read_jsonl
-from harness.tune import load_study
-from harness.tuner import TuneOptions, default_storage, run_study
+from harness.config.errors import ConfigError
+from harness.experiments.tracking import read_jsonl
+from harness.experiments.study import load_study
+from harness.experiments.tuner import TuneOptions, default_storage, run_study
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -129,7 +129,7 @@ def test_a_config_sampled_again_reuses_its_point(tmp_path, monkeypatch):
 
 
 def test_objective_value_final_best_and_missing_metric():
-    from harness.tune import ObjectiveSpec, objective_value
+    from harness.experiments.study import ObjectiveSpec, objective_value
 
     rows = [{"update": 0, "m": 0.9}, {"update": 1, "x": 1.0}, {"update": 2, "m": 0.2}, {"update": 4, "m": 0.5}]
     assert objective_value(rows, ObjectiveSpec(metric="m"), "d") == 0.5

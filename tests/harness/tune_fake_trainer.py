@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.tracking import append_jsonl, atomic_write_json, read_jsonl
+from harness.experiments.tracking import append_jsonl, atomic_write_json, read_jsonl
 
 CALLS = "fake_calls.jsonl"
 

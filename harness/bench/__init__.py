@@ -1,0 +1,1 @@
+"""Benchmarks: speed and memory ratios against baselines measured in the same process."""

@@ -1,0 +1,1 @@
+"""The `harness` command line (`harness.cli.main`): one module per command group."""

@@ -1,0 +1,1 @@
+"""The run-config schema and the errors every layer raises (the bottom layer)."""

@@ -1,0 +1,1 @@
+"""Diagnostics of training health: collapse monitor, episode metrics, mutual-information proxy."""

@@ -1,0 +1,46 @@
+"""Policy construction, in three steps the trainer calls in order:
+
+    base_model      the base causal LM: the tiny family built here, a local folder or a hub id
+    sft_warmup      optional supervised warm-up on expert demonstrations (`sft.demos > 0`)
+    attach_adapter  the trainable policy: a LoRA adapter (or all weights), reference, value head
+
+Steps 1 and 2 are content-addressed caches under `cache_dir/models/<hash>/` and
+`cache_dir/sft/<hash>/` (`harness.model.cache`), so all points of a sweep build each once
+(under a file lock) and share it. `load_policy` runs the three steps.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.config.schema import RunConfig
+from harness.model.base import ModelError
+from harness.model.cache import read_record
+from harness.model.policy import Policy, attach_adapter
+from harness.model.sft import sft_warmup
+from harness.model.tiny import tiny_base
+
+
+def base_model(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
+    """(path or id to load, provenance) of the base model; builds the tiny one if needed."""
+    name = cfg.model.name
+    if name == "tiny":
+        entry, built = tiny_base(cfg, cache_dir)
+        rec = read_record(entry)
+        return str(entry.resolve()), {"base": f"tiny:{entry.name}", "base_built": built, "base_info": rec["info"]}
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path.resolve()), {"base": str(path.resolve())}
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ModelError(f"model.name: {name!r} is not an existing directory. Give a local folder holding a "
+                         f"Hugging Face causal LM (config.json + weights + tokenizer), a Hugging Face id "
+                         f"already in the local cache, or 'tiny' to build a small model here.")
+    return name, {"base": name}
+
+
+def load_policy(cfg: RunConfig, cache_dir: Path, device: torch.device | str) -> Policy:
+    """The starting policy of a run: base model -> SFT warm-up -> trainable adapter."""
+    source, info = base_model(cfg, cache_dir)
+    source, info = sft_warmup(cfg, source, info, cache_dir, device)
+    return attach_adapter(cfg, source, info, device)

@@ -1,0 +1,1 @@
+"""How an episode becomes token ids: the chat turn format, the context policy, step records."""
