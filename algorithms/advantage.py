@@ -5,6 +5,7 @@ Signature: `fn(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOut
 Singleton groups follow verl: baseline mean 0 and std 1, so their advantage is the raw reward.
 GiGPO lives in `gigpo.py` and registers into the same `ADVANTAGE` registry.
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,8 +66,11 @@ def discounted_chain(rewards, values, mask, gamma: float, lam: float):
     return adv
 
 
-@ADVANTAGE.register("grpo", doc="(R - group mean) / (group unbiased std + eps)",
-                    source="GRPO (Shao et al. 2024); verl core_algos.py, TRL")
+@ADVANTAGE.register(
+    "grpo",
+    doc="(R - group mean) / (group unbiased std + eps)",
+    source="GRPO (Shao et al. 2024); verl core_algos.py, TRL",
+)
 @torch.no_grad()
 def grpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """A_i = (R_i - mean_g R) / (std_g R + eps), std with n - 1, broadcast -> (N,T)."""
@@ -75,8 +79,7 @@ def grpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     return AdvantageOutput(broadcast((R - mean) / (std + params.eps), inputs.mask))
 
 
-@ADVANTAGE.register("dr_grpo", doc="R - group mean (no std division)",
-                    source="Dr.GRPO (Liu et al. 2025)")
+@ADVANTAGE.register("dr_grpo", doc="R - group mean (no std division)", source="Dr.GRPO (Liu et al. 2025)")
 @torch.no_grad()
 def dr_grpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """A_i = R_i - mean_g R, broadcast -> (N,T)."""
@@ -85,8 +88,11 @@ def dr_grpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput
     return AdvantageOutput(broadcast(R - mean, inputs.mask))
 
 
-@ADVANTAGE.register("rloo", doc="R - mean of the other G-1 rewards of the group",
-                    source="RLOO (Ahmadian et al. 2024); verl core_algos.py")
+@ADVANTAGE.register(
+    "rloo",
+    doc="R - mean of the other G-1 rewards of the group",
+    source="RLOO (Ahmadian et al. 2024); verl core_algos.py",
+)
 @torch.no_grad()
 def rloo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """A_i = R_i - (sum_{j != i} R_j) / (G - 1), broadcast -> (N,T); singletons: R_i."""
@@ -96,9 +102,11 @@ def rloo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     return AdvantageOutput(broadcast(torch.where(cnt > 1, R - loo, R), inputs.mask))
 
 
-@ADVANTAGE.register("reinforce_pp",
-                    doc="discounted token returns (KL-in-reward by caller), whitened over batch",
-                    source="REINFORCE++ (Hu 2025); verl core_algos.py")
+@ADVANTAGE.register(
+    "reinforce_pp",
+    doc="discounted token returns (KL-in-reward by caller), whitened over batch",
+    source="REINFORCE++ (Hu 2025); verl core_algos.py",
+)
 @torch.no_grad()
 def reinforce_pp(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """G_k = sum over later trained tokens of gamma^l r; A = masked_whiten(G). (N,T).
@@ -112,9 +120,11 @@ def reinforce_pp(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageO
     return AdvantageOutput(adv, ret)
 
 
-@ADVANTAGE.register("reinforce_pp_baseline",
-                    doc="summed token rewards minus group mean, whitened over the batch",
-                    source="REINFORCE++-baseline (Hu 2025); verl core_algos.py")
+@ADVANTAGE.register(
+    "reinforce_pp_baseline",
+    doc="summed token rewards minus group mean, whitened over the batch",
+    source="REINFORCE++-baseline (Hu 2025); verl core_algos.py",
+)
 @torch.no_grad()
 def reinforce_pp_baseline(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """score_i = sum_k r_{i,k} (trained tokens); A = masked_whiten(score_i - mean_g). (N,T)."""
@@ -124,8 +134,11 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, params: AdvantageParams) -> A
     return AdvantageOutput(adv)
 
 
-@ADVANTAGE.register("gae", doc="GAE over action tokens with a critic; observations skipped",
-                    source="PPO (Schulman et al. 2017); GAE (Schulman et al. 2016); verl")
+@ADVANTAGE.register(
+    "gae",
+    doc="GAE over action tokens with a critic; observations skipped",
+    source="PPO (Schulman et al. 2017); GAE (Schulman et al. 2016); verl",
+)
 @torch.no_grad()
 def gae(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """GAE(gamma, lam) along trained tokens; returns = A + V on trained tokens. (N,T).

@@ -7,6 +7,7 @@ Signature: `fn(rewards (N,), group (N,), params: FilterParams) -> FilterResult` 
 Score = in-group unbiased reward std; a group whose rewards are all equal (or a singleton)
 has score 0 and counts as zero-variance.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,19 +31,22 @@ def group_scores(rewards: torch.Tensor, group: torch.Tensor):
     return inv, torch.where(zero_var, 0.0, score), zero_var
 
 
-def _result(name: str, keep_group: torch.Tensor, inv: torch.Tensor,
-            zero_var: torch.Tensor) -> FilterResult:
+def _result(name: str, keep_group: torch.Tensor, inv: torch.Tensor, zero_var: torch.Tensor) -> FilterResult:
     keep = keep_group[inv]  # (N,)
     n = max(keep_group.numel(), 1)
-    stats = {"kept_group_frac": keep_group.sum() / n,
-             "kept_traj_frac": keep.float().sum() / max(keep.numel(), 1),
-             "zero_var_frac": zero_var.sum() / n,
-             "num_groups": torch.tensor(float(keep_group.numel()))}
+    stats = {
+        "kept_group_frac": keep_group.sum() / n,
+        "kept_traj_frac": keep.float().sum() / max(keep.numel(), 1),
+        "zero_var_frac": zero_var.sum() / n,
+        "num_groups": torch.tensor(float(keep_group.numel())),
+    }
     if not bool(keep.any()):
         raise EmptyBatchError(
             f"algo.filter.name {name}: no group kept out of {keep_group.numel()} "
             f"({int(zero_var.sum())} with zero reward variance); skip or resample this "
-            f"update", stats)
+            f"update",
+            stats,
+        )
     return FilterResult(keep, stats)
 
 
@@ -53,8 +57,9 @@ def no_filter(rewards, group, params: FilterParams = FilterParams()) -> FilterRe
     return _result("none", torch.ones_like(zero_var), inv, zero_var)
 
 
-@GROUP_FILTER.register("dapo", doc="drop groups whose rewards are all equal",
-                       source="DAPO dynamic sampling (Yu et al. 2025)")
+@GROUP_FILTER.register(
+    "dapo", doc="drop groups whose rewards are all equal", source="DAPO dynamic sampling (Yu et al. 2025)"
+)
 def dapo(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Keep groups with nonzero reward variance. Resampling to refill is the trainer's."""
     inv, _, zero_var = group_scores(rewards, group)
@@ -65,9 +70,11 @@ def _order(score: torch.Tensor) -> torch.Tensor:
     return torch.argsort(score, descending=True, stable=True)  # ties: first group first
 
 
-@GROUP_FILTER.register("ragen_top_p",
-                       doc="shortest top-std prefix holding >= top_p of the total std score",
-                       source="RAGEN-2 / StarPO-S (Wang et al. 2025)")
+@GROUP_FILTER.register(
+    "ragen_top_p",
+    doc="shortest top-std prefix holding >= top_p of the total std score",
+    source="RAGEN-2 / StarPO-S (Wang et al. 2025)",
+)
 def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Sort groups by score desc; keep the shortest prefix with cumsum >= p * total;
     groups with score 0 are never kept."""
@@ -83,8 +90,11 @@ def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> Filter
     return _result("ragen_top_p", keep & (score > 0), inv, zero_var)
 
 
-@GROUP_FILTER.register("ragen_top_k", doc="keep the top fraction top_k of groups by std score",
-                       source="RAGEN (Wang et al. 2025) rollout_filter_ratio")
+@GROUP_FILTER.register(
+    "ragen_top_k",
+    doc="keep the top fraction top_k of groups by std score",
+    source="RAGEN (Wang et al. 2025) rollout_filter_ratio",
+)
 def ragen_top_k(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Keep max(1, floor(k * G)) highest-score groups (RAGEN's int(ratio * G)); as in RAGEN
     a zero-score group is kept when it ranks inside the top k."""

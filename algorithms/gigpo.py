@@ -10,6 +10,7 @@ A_{i,k} = A^E_i + gigpo_step_weight * A^S_{i,t(k)} on every trained token k of t
 `gigpo_mode` applies to both levels as in verl-agent's code ("mean_norm" drops the std).
 Trained tokens with turn_index -1 (observations under mask: off) get A^E only.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,7 @@ def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
     if params.gigpo_mode not in GIGPO_MODES:
         raise ValueError(f"gigpo mode {params.gigpo_mode!r}; choose one of {GIGPO_MODES}")
     if params.gigpo_episode_stats not in EPISODE_STATS:
-        raise ValueError(f"gigpo_episode_stats {params.gigpo_episode_stats!r}; "
-                         f"choose one of {EPISODE_STATS}")
+        raise ValueError(f"gigpo_episode_stats {params.gigpo_episode_stats!r}; choose one of {EPISODE_STATS}")
     if inputs.anchor is None or inputs.turn_rewards is None or inputs.turn_mask is None:
         raise ValueError("algo.adv.estimator gigpo needs anchor, turn_rewards and turn_mask")
 
@@ -44,8 +44,9 @@ def episode_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch
 def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Tensor:
     """A^S (N,K) over anchor-state step groups; 0 on invalid turns and singleton groups."""
     tm = inputs.turn_mask.bool()  # (N,K)
-    ret = discounted_chain(inputs.turn_rewards.float(), torch.zeros_like(tm, dtype=torch.float),
-                           tm, params.gigpo_gamma, 1.0)  # (N,K) step returns
+    ret = discounted_chain(
+        inputs.turn_rewards.float(), torch.zeros_like(tm, dtype=torch.float), tm, params.gigpo_gamma, 1.0
+    )  # (N,K) step returns
     g_inv, _ = dense_ids(inputs.group)
     a_inv, n_anchor = dense_ids(inputs.anchor[tm])
     key = g_inv[:, None].expand_as(tm)[tm] * n_anchor + a_inv  # (M,) (group, anchor)
@@ -58,9 +59,11 @@ def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Te
     return out.masked_scatter(tm, torch.where(cnt > 1, a, 0.0))
 
 
-@ADVANTAGE.register("gigpo",
-                    doc="episode group advantage + gigpo_step_weight * anchor-state step advantage",
-                    source="verl-agent GiGPO (Feng et al. 2025)")
+@ADVANTAGE.register(
+    "gigpo",
+    doc="episode group advantage + gigpo_step_weight * anchor-state step advantage",
+    source="verl-agent GiGPO (Feng et al. 2025)",
+)
 @torch.no_grad()
 def gigpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """(N,T) advantages: A^E_i + w * A^S_{i, turn_index}; 0 outside the mask."""

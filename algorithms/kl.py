@@ -5,6 +5,7 @@ Signature: `fn(logp (B,T), ref_logp (B,T)) -> kl (B,T)` with d = logp - ref_logp
 from the current policy. Placement (`algo.kl.where`: loss or reward) is the trainer's; for
 reward placement use `kl_penalty_rewards`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,22 +28,29 @@ def kl_none(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(logp)
 
 
-@KL_ESTIMATOR.register("k1", doc="d = logp - ref_logp (unbiased, can be negative)",
-                       source="Schulman 2020, 'Approximating KL divergence'; verl")
+@KL_ESTIMATOR.register(
+    "k1",
+    doc="d = logp - ref_logp (unbiased, can be negative)",
+    source="Schulman 2020, 'Approximating KL divergence'; verl",
+)
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """(B,T) -> (B,T)."""
     return logp - ref_logp
 
 
-@KL_ESTIMATOR.register("k2", doc="d^2 / 2 (biased, >= 0)",
-                       source="Schulman 2020, 'Approximating KL divergence'; verl 'mse'")
+@KL_ESTIMATOR.register(
+    "k2", doc="d^2 / 2 (biased, >= 0)", source="Schulman 2020, 'Approximating KL divergence'; verl 'mse'"
+)
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """(B,T) -> (B,T)."""
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@KL_ESTIMATOR.register("k3", doc="exp(-d) + d - 1 (unbiased, low variance, >= 0)",
-                       source="Schulman 2020; GRPO (Shao et al. 2024); verl 'low_var_kl'")
+@KL_ESTIMATOR.register(
+    "k3",
+    doc="exp(-d) + d - 1 (unbiased, low variance, >= 0)",
+    source="Schulman 2020; GRPO (Shao et al. 2024); verl 'low_var_kl'",
+)
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """(B,T) -> (B,T); d clamped to [-20, 20] before exp.
 
@@ -53,8 +61,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(-d) + d).clamp(min=0.0)
 
 
-def kl_penalty_rewards(token_rewards: torch.Tensor, kl: torch.Tensor, beta: float,
-                       mask: torch.Tensor) -> torch.Tensor:
+def kl_penalty_rewards(token_rewards: torch.Tensor, kl: torch.Tensor, beta: float, mask: torch.Tensor) -> torch.Tensor:
     """PPO-style KL in the reward: r_k - beta * KL_k on trained tokens (KL detached). (N,T)."""
     pen = torch.where(mask.bool(), beta * kl.detach(), torch.zeros_like(kl))
     return token_rewards - pen

@@ -5,6 +5,7 @@ Signature: `fn(advantages (N,T), inputs: AdvantageInputs, params: AdvantageParam
 `env_std` rebuilds the advantage from the outcome rewards (ERPO's definition needs them), so
 it only makes sense after an outcome estimator: see `check_norm_compatible`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,28 +25,31 @@ ENV_STD_ESTIMATORS = ("grpo", "dr_grpo")
 def check_norm_compatible(estimator: str, norm: str) -> None:
     """Raise ValueError for an (adv.estimator, adv.norm) pair that has no meaning."""
     if norm == "env_std" and estimator not in ENV_STD_ESTIMATORS:
-        raise ValueError(f"algo.adv.norm env_std rebuilds (R - group mean) / env std and only "
-                         f"combines with algo.adv.estimator in {list(ENV_STD_ESTIMATORS)}, "
-                         f"not {estimator!r}")
+        raise ValueError(
+            f"algo.adv.norm env_std rebuilds (R - group mean) / env std and only "
+            f"combines with algo.adv.estimator in {list(ENV_STD_ESTIMATORS)}, "
+            f"not {estimator!r}"
+        )
 
 
-@ADV_NORM.register("group", doc="identity: the estimator's own (group) normalisation",
-                   source="GRPO (Shao et al. 2024)")
+@ADV_NORM.register("group", doc="identity: the estimator's own (group) normalisation", source="GRPO (Shao et al. 2024)")
 def group_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     """Returns `advantages (N,T)` unchanged."""
     return advantages
 
 
-@ADV_NORM.register("batch", doc="whiten all trained-token advantages of the batch",
-                   source="REINFORCE++ (Hu 2025); verl masked_whiten")
+@ADV_NORM.register(
+    "batch", doc="whiten all trained-token advantages of the batch", source="REINFORCE++ (Hu 2025); verl masked_whiten"
+)
 @torch.no_grad()
 def batch_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     """(A - mean) * rsqrt(var + eps) over every trained token of the batch. (N,T)."""
     return masked_whiten(advantages, inputs.mask, params.whiten_eps)
 
 
-@ADV_NORM.register("task", doc="re-standardize trained-token advantages per task id",
-                   source="AgentRL (task advantage normalization)")
+@ADV_NORM.register(
+    "task", doc="re-standardize trained-token advantages per task id", source="AgentRL (task advantage normalization)"
+)
 @torch.no_grad()
 def task_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     """Per task id: (A - mean) * rsqrt(var + eps) over its trained tokens (unbiased var,
@@ -56,13 +60,12 @@ def task_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     tid = inputs.task[:, None].expand_as(m)[m]  # (M,) task of each trained token
     x = advantages[m]
     mean, std, cnt = group_stats(x, tid)
-    var = torch.where(cnt > 1, std ** 2, 0.0)
+    var = torch.where(cnt > 1, std**2, 0.0)
     out = torch.zeros_like(advantages)
     return out.masked_scatter(m, (x - mean) * torch.rsqrt(var + params.whiten_eps))
 
 
-@ADV_NORM.register("env_std", doc="(R - group mean) / std of R over the env's trajectories",
-                   source="AutoForge ERPO")
+@ADV_NORM.register("env_std", doc="(R - group mean) / std of R over the env's trajectories", source="AutoForge ERPO")
 @torch.no_grad()
 def env_std_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     """A_i = (R_i - mean_g R) / (std_{env(i)} R + eps), std (n - 1) over the valid (>= 1

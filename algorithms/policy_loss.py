@@ -6,6 +6,7 @@ turn-action / trajectory of each token (unique across the batch; values on untra
 are ignored). `loss` is the per-token loss, 0 outside the mask: no function here aggregates,
 the trainer calls `algo.agg`. `stats`: detached 0-dim tensors over trained tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,9 @@ from .registry import Registry
 from .types import ClipParams, PolicyLossFn
 from .utils import masked_mean, segment_mean
 
-POLICY_LOSS: Registry[PolicyLossFn] = Registry("algo.clip.level", "importance-ratio level and clipping of the policy loss")
+POLICY_LOSS: Registry[PolicyLossFn] = Registry(
+    "algo.clip.level", "importance-ratio level and clipping of the policy loss"
+)
 
 
 def _log_ratio(logp, old_logp, mask, params: ClipParams) -> torch.Tensor:
@@ -37,7 +40,7 @@ def clipped_objective(ratio, advantages, mask, params: ClipParams):
         loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
-    low = m & (adv < 0) & (r < 1.0 - params.eps_low)   # gradient zeroed by the lower clip
+    low = m & (adv < 0) & (r < 1.0 - params.eps_low)  # gradient zeroed by the lower clip
     high = m & (adv > 0) & (r > 1.0 + params.eps_high)  # ... by the upper clip
     return loss, _stats(r, m, low, high, dual)
 
@@ -53,17 +56,25 @@ def _stats(r, m, low, high, dual) -> dict[str, torch.Tensor]:
         q = torch.full((3,), float("nan"), dtype=f, device=r.device)
         mn = mx = q[0]
     return {
-        "clip_frac_low": masked_mean(low.to(f), m), "clip_frac_high": masked_mean(high.to(f), m),
+        "clip_frac_low": masked_mean(low.to(f), m),
+        "clip_frac_high": masked_mean(high.to(f), m),
         "clip_frac": masked_mean((low | high).to(f), m),
         "dual_clip_frac": masked_mean(dual.to(f), m),
-        "ratio_mean": masked_mean(r, m), "ratio_min": mn, "ratio_max": mx,
-        "ratio_p05": q[0], "ratio_p50": q[1], "ratio_p95": q[2],
+        "ratio_mean": masked_mean(r, m),
+        "ratio_min": mn,
+        "ratio_max": mx,
+        "ratio_p05": q[0],
+        "ratio_p50": q[1],
+        "ratio_p95": q[2],
         "num_tokens": m.sum().to(f),
     }
 
 
-@POLICY_LOSS.register("token", doc="per-token ratio, PPO clip (clip-higher, optional dual-clip)",
-                      source="PPO (Schulman et al. 2017); DAPO clip-higher; verl core_algos.py")
+@POLICY_LOSS.register(
+    "token",
+    doc="per-token ratio, PPO clip (clip-higher, optional dual-clip)",
+    source="PPO (Schulman et al. 2017); DAPO clip-higher; verl core_algos.py",
+)
 def token_level(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
     """w_k = exp(logp_k - old_logp_k); loss_k = -min(w_k A_k, clip(w_k) A_k). (B,T) in/out."""
     ratio = torch.exp(_log_ratio(logp, old_logp, mask, params))
@@ -77,18 +88,22 @@ def _segment_ratio(logp, old_logp, mask, seg, params: ClipParams) -> torch.Tenso
     return torch.exp(seq_lr) * torch.exp(lp - lp.detach())
 
 
-@POLICY_LOSS.register("sequence",
-                      doc="geometric-mean ratio per turn-action, clipped per action (GSPO)",
-                      source="GSPO (Zheng et al. 2025); ARLArena SAMPO")
+@POLICY_LOSS.register(
+    "sequence",
+    doc="geometric-mean ratio per turn-action, clipped per action (GSPO)",
+    source="GSPO (Zheng et al. 2025); ARLArena SAMPO",
+)
 def sequence_level(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
     """s = exp(mean over the action's tokens of log w), one ratio per `action_id`. (B,T)."""
     ratio = _segment_ratio(logp, old_logp, mask, action_id, params)
     return clipped_objective(ratio, advantages, mask, params)
 
 
-@POLICY_LOSS.register("trajectory",
-                      doc="geometric-mean ratio over all action tokens of the trajectory",
-                      source="GSPO (Zheng et al. 2025) applied per trajectory")
+@POLICY_LOSS.register(
+    "trajectory",
+    doc="geometric-mean ratio over all action tokens of the trajectory",
+    source="GSPO (Zheng et al. 2025) applied per trajectory",
+)
 def trajectory_level(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
     """As `sequence` with one ratio per `traj_id`. In the per-step layout a trajectory spans
     several rows: they must be in the same call (micro-batch), else the mean is partial."""
@@ -96,18 +111,17 @@ def trajectory_level(logp, old_logp, advantages, mask, action_id, traj_id, param
     return clipped_objective(ratio, advantages, mask, params)
 
 
-@POLICY_LOSS.register("none", doc="unclipped -w_k A_k (REINFORCE gradient when on-policy)",
-                      source="REINFORCE (Williams 1992)")
+@POLICY_LOSS.register(
+    "none", doc="unclipped -w_k A_k (REINFORCE gradient when on-policy)", source="REINFORCE (Williams 1992)"
+)
 def no_clip(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
     """loss_k = -w_k A_k, w_k the (clamped) token ratio. (B,T) in/out."""
     ratio = torch.exp(_log_ratio(logp, old_logp, mask, params))
-    off = ClipParams(eps_low=float("inf"), eps_high=float("inf"),
-                     log_ratio_clamp=params.log_ratio_clamp)
+    off = ClipParams(eps_low=float("inf"), eps_high=float("inf"), log_ratio_clamp=params.log_ratio_clamp)
     return clipped_objective(ratio, advantages, mask, off)
 
 
-def negative_advantage_seq_mask(logp, old_logp, advantages, mask, action_id,
-                                delta: float = 0.223) -> torch.Tensor:
+def negative_advantage_seq_mask(logp, old_logp, advantages, mask, action_id, delta: float = 0.223) -> torch.Tensor:
     """SAMPO `use_seq_mask` (ARLArena): drop a turn-action when its A < 0 and
     mean_k log(old_p_k / p_k) > delta (its ratio fell below e^-delta).
 

@@ -5,10 +5,12 @@ Every ablation axis is one `Registry[Fn]`, typed with that axis's signature Prot
 `harness axes` prints the entries and docs/algorithms.md lists them. Registering a name twice
 is an error and an unknown name lists the valid choices.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 

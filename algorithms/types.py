@@ -8,10 +8,11 @@ params from config sections by name. Math of every value: docs/algorithms.md.
 Shapes: `N` trajectories in concatenated token form, `T` tokens, `K` turns (padded);
 `B` training rows (one per trajectory or one per turn, depending on the layout).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -48,13 +49,13 @@ class AdvantageInputs:
     turn_index: torch.Tensor
     rewards: torch.Tensor
     group: torch.Tensor
-    turn_rewards: Optional[torch.Tensor] = None
-    turn_mask: Optional[torch.Tensor] = None
-    task: Optional[torch.Tensor] = None
-    env: Optional[torch.Tensor] = None
-    anchor: Optional[torch.Tensor] = None
-    values: Optional[torch.Tensor] = None
-    token_rewards: Optional[torch.Tensor] = None
+    turn_rewards: torch.Tensor | None = None
+    turn_mask: torch.Tensor | None = None
+    task: torch.Tensor | None = None
+    env: torch.Tensor | None = None
+    anchor: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class AdvantageOutput:
     """advantages (N,T), 0 outside the mask; returns (N,T) for the critic / logging, or None."""
 
     advantages: torch.Tensor
-    returns: Optional[torch.Tensor] = None
+    returns: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------ policy loss (docs/algorithms.md section 2)
@@ -97,7 +98,7 @@ class ClipParams:
 
     eps_low: float = 0.2
     eps_high: float = 0.2
-    dual_c: Optional[float] = None
+    dual_c: float | None = None
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self):
@@ -114,9 +115,9 @@ class AggParams:
     with at least one trained token, both counted over the WHOLE mini-batch (None = this
     call's own). agg_len: the fixed length T_const of seq-mean-token-sum-norm (required there)."""
 
-    num_tokens: Optional[float] = None
-    num_seqs: Optional[float] = None
-    agg_len: Optional[int] = None
+    num_tokens: float | None = None
+    num_seqs: float | None = None
+    agg_len: int | None = None
 
 
 # ------------------------------------------------------------------ filters (docs/algorithms.md section 5)
@@ -143,9 +144,16 @@ class PolicyLossFn(Protocol):
     """`algo.clip.level`: per-token loss (B,T), 0 outside the mask, and detached 0-dim stats.
     action_id / traj_id (B,T) int: the turn-action / trajectory of each token."""
 
-    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                 action_id: torch.Tensor, traj_id: torch.Tensor,
-                 params: ClipParams) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        action_id: torch.Tensor,
+        traj_id: torch.Tensor,
+        params: ClipParams,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 class AggregationFn(Protocol):
@@ -163,8 +171,7 @@ class AdvantageFn(Protocol):
 class NormFn(Protocol):
     """`algo.adv.norm`: the estimator's advantages (N,T) re-normalised over a scope."""
 
-    def __call__(self, advantages: torch.Tensor, inputs: AdvantageInputs,
-                 params: AdvantageParams) -> torch.Tensor: ...
+    def __call__(self, advantages: torch.Tensor, inputs: AdvantageInputs, params: AdvantageParams) -> torch.Tensor: ...
 
 
 class FilterFn(Protocol):

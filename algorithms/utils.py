@@ -4,6 +4,7 @@ Structure (groups, turn-actions, trajectories, turns) is passed as integer id te
 helpers turn ids into per-member statistics with `torch.unique` + `index_add`, never a Python
 loop over items. `torch.where` (not multiplication) keeps NaN/inf at masked positions out.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return torch.where(n > 1, var * n / (n - 1).clamp(min=1), var)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
-                  shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_mean: bool = True) -> torch.Tensor:
     """`(x - mean) / sqrt(var + eps)` over masked positions (any shape); 0 outside the mask.
 
     verl's convention: unbiased variance, `rsqrt(var + 1e-8)`.
@@ -80,8 +80,7 @@ def segment_mean(x: torch.Tensor, seg: torch.Tensor, mask: torch.Tensor) -> torc
     return out.masked_scatter(valid, (sums / cnt)[inv])
 
 
-def turn_rewards_to_tokens(turn_rewards: torch.Tensor, turn_index: torch.Tensor,
-                           mask: torch.Tensor) -> torch.Tensor:
+def turn_rewards_to_tokens(turn_rewards: torch.Tensor, turn_index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place `turn_rewards (N,K)` on the last trained token of each turn -> (N,T).
 
     Token `k` belongs to turn `turn_index[i,k]` (-1: none). A turn without trained tokens
@@ -100,14 +99,18 @@ def turn_rewards_to_tokens(turn_rewards: torch.Tensor, turn_index: torch.Tensor,
     return out.scatter_add_(1, last.clamp(min=0), src)
 
 
-def outcome_turn_rewards(rewards: torch.Tensor, turn_mask: torch.Tensor,
-                         process: torch.Tensor | None = None) -> torch.Tensor:
+def outcome_turn_rewards(
+    rewards: torch.Tensor, turn_mask: torch.Tensor, process: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-turn rewards (N,K): optional `process (N,K)` plus outcome `rewards (N,)` on the
     last valid turn of each trajectory (docs/algorithms.md section 4: "outcome reward counted at the last turn")."""
     N, K = turn_mask.shape
     tm = turn_mask.bool()
-    base = torch.zeros(N, K, dtype=rewards.dtype, device=rewards.device) if process is None \
+    base = (
+        torch.zeros(N, K, dtype=rewards.dtype, device=rewards.device)
+        if process is None
         else torch.where(tm, process.to(rewards.dtype), torch.zeros_like(process, dtype=rewards.dtype))
+    )
     idx = torch.arange(K, device=turn_mask.device).expand(N, K)
     last = torch.where(tm, idx, torch.full_like(idx, -1)).amax(1)  # (N,)
     has = (last >= 0).to(rewards.dtype)

@@ -12,6 +12,7 @@ Layout read (written by the runner):
     <sweep>/<point>/summary.json        status, metrics, config_hash, code_version, packages
     <sweep>/<point>/status              one word
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,7 @@ class SweepMeta:
     source: str = "sweep.json"
     problems: list[str] = field(default_factory=list)
 
-    def __deepcopy__(self, memo: dict) -> "SweepMeta":
+    def __deepcopy__(self, memo: dict) -> SweepMeta:
         # pandas deep-copies DataFrame.attrs on every slice; this metadata is shared, not copied.
         return self
 
@@ -116,7 +117,8 @@ def read_metrics_rows(p: Path) -> list[dict[str, Any]]:
 
 
 def code_version_str(cv: Any) -> str | None:
-    """summary code_version (a string, or harness.experiments.provenance's {commit, dirty, diff_sha} dict) -> short text."""
+    """summary code_version (a string, or harness.experiments.provenance's {commit, dirty, diff_sha}
+    dict) -> short text."""
     if cv is None:
         return None
     if isinstance(cv, dict):
@@ -132,8 +134,11 @@ def code_version_str(cv: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- sweep metadata
 def _point_dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and any((p / f).exists() for f in POINT_FILES))
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and any((p / f).exists() for f in POINT_FILES)
+    )
 
 
 def _infer_axes(configs: dict[str, dict[str, Any]]) -> list[str]:
@@ -189,8 +194,7 @@ def _status(pdir: Path, summary: dict | None, has_metrics: bool) -> str:
     return "missing" if not pdir.exists() else "partial"
 
 
-def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
-               problems: list[str]) -> dict[str, Any]:
+def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
     pdir = root / str(point["id"])
     summary = _read_json(pdir / "summary.json", problems)
     summary = summary if isinstance(summary, dict) else None
@@ -215,12 +219,17 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
         row["collapsed_at"] = float(collapsed) if isinstance(collapsed, (int, float)) else math.nan
         row["collapsed_reason"] = None
     seed = point.get("seed", (config or {}).get(SEED_KEY))
-    row.update(point=str(point["id"]), seed=int(seed) if isinstance(seed, (int, float)) else None,
-               status=status, config_hash=(summary or {}).get("config_hash"),
-               code_version=code_version_str((summary or {}).get("code_version")),
-               packages=json.dumps((summary or {}).get("packages") or {}, sort_keys=True) if summary else None,
-               error=(summary or {}).get("error"), has_metrics=has_metrics,
-               problems="; ".join(problems))
+    row.update(
+        point=str(point["id"]),
+        seed=int(seed) if isinstance(seed, (int, float)) else None,
+        status=status,
+        config_hash=(summary or {}).get("config_hash"),
+        code_version=code_version_str((summary or {}).get("code_version")),
+        packages=json.dumps((summary or {}).get("packages") or {}, sort_keys=True) if summary else None,
+        error=(summary or {}).get("error"),
+        has_metrics=has_metrics,
+        problems="; ".join(problems),
+    )
     return row
 
 
@@ -228,8 +237,10 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
 def _root(path: str | Path) -> Path:
     root = Path(path)
     if not root.is_dir():
-        raise AnalysisError(f"{root} is not a results folder: expected a directory written by "
-                            f"`harness sweep` (results/<sweep>/ with sweep.json and one folder per point).")
+        raise AnalysisError(
+            f"{root} is not a results folder: expected a directory written by "
+            f"`harness sweep` (results/<sweep>/ with sweep.json and one folder per point)."
+        )
     return root
 
 
@@ -249,8 +260,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
             configs[d] = flatten(cfg)
     meta = read_sweep_meta(root, configs)
     if not meta.points:
-        raise AnalysisError(f"{root} holds no points: no sweep.json with points and no sub-folder with "
-                            f"{', '.join(POINT_FILES)}.")
+        raise AnalysisError(
+            f"{root} holds no points: no sweep.json with points and no sub-folder with {', '.join(POINT_FILES)}."
+        )
     rows = []
     for p in meta.points:
         pid = str(p["id"])
@@ -289,9 +301,17 @@ def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> pd.DataFrame:
     labels: dict[str, str] = {}
     for k, lab, (_, r) in zip(keys, df["_sweep_label"], df.iterrows()):
         if k not in labels or (isinstance(lab, str) and lab and labels[k] != lab):
-            labels[k] = lab if isinstance(lab, str) and lab else (
-                ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes) if len(axes) > 1
-                else format_value(r.get(axes[0])) if axes else "all")
+            labels[k] = (
+                lab
+                if isinstance(lab, str) and lab
+                else (
+                    ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes)
+                    if len(axes) > 1
+                    else format_value(r.get(axes[0]))
+                    if axes
+                    else "all"
+                )
+            )
     if len(set(labels.values())) < len(labels):  # axis values do not tell two variants apart
         labels = {k: k for k in labels}
     order = list(dict.fromkeys([base_key] + keys))
@@ -311,8 +331,9 @@ def short_axis_names(axes: list[str]) -> dict[str, str]:
     return short
 
 
-def load_curves(path: str | Path, results: pd.DataFrame | None = None,
-                metrics: list[str] | None = None) -> pd.DataFrame:
+def load_curves(
+    path: str | Path, results: pd.DataFrame | None = None, metrics: list[str] | None = None
+) -> pd.DataFrame:
     """Learning curves in long format: columns point, seed, label, status, update, metric, value
     (numeric values only; `metrics` restricts which). Points without metrics.jsonl contribute nothing."""
     root = _root(path)

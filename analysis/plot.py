@@ -6,6 +6,7 @@ backend switch) and saved as PNG and SVG. Bands are the 95% percentile-bootstrap
 seeds logged at each update (analysis.stats, fixed seed: the figure is reproducible); an update
 logged by one seed only has no band.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,7 @@ def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     with matplotlib.rc_context({"svg.hashsalt": "harness", "svg.fonttype": "none"}):
         for fmt in FORMATS:
             p = out_dir / f"{stem}.{fmt}"
-            fig.savefig(p, format=fmt, dpi=150,
-                        metadata={"Date": None} if fmt == "svg" else {"Software": None})
+            fig.savefig(p, format=fmt, dpi=150, metadata={"Date": None} if fmt == "svg" else {"Software": None})
             paths.append(p)
     return paths
 
@@ -69,8 +69,17 @@ def bands(data: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
 
 def _lines(ax, data: pd.DataFrame, palette: dict, legend: bool) -> None:
     b = bands(data)
-    sns.lineplot(data=b, x="update", y="mean", hue="label", hue_order=list(palette), palette=palette,
-                 errorbar=None, ax=ax, legend=legend)
+    sns.lineplot(
+        data=b,
+        x="update",
+        y="mean",
+        hue="label",
+        hue_order=list(palette),
+        palette=palette,
+        errorbar=None,
+        ax=ax,
+        legend=legend,
+    )
     for label, g in b.groupby("label", sort=False):
         ax.fill_between(g["update"], g["lo"], g["hi"], color=palette[label], alpha=0.2, linewidth=0)
 
@@ -81,8 +90,10 @@ def curve_metric(curves: pd.DataFrame, metric: str | None) -> str:
     logged = sorted(curves["metric"].unique())
     if metric:
         if metric not in logged:
-            raise AnalysisError(f"metric {metric!r} is not in any metrics.jsonl of this sweep; logged metrics: "
-                                f"{', '.join(logged) or 'none'}.")
+            raise AnalysisError(
+                f"metric {metric!r} is not in any metrics.jsonl of this sweep; logged metrics: "
+                f"{', '.join(logged) or 'none'}."
+            )
         return metric
     for m in CURVE_DEFAULTS:
         if m in logged:
@@ -110,8 +121,9 @@ def plot_learning_curves(curves: pd.DataFrame, results: pd.DataFrame, metric: st
 def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path) -> list[Path]:
     """One panel per diagnostic present; dotted vertical lines where a run's collapse detector fired."""
     logged = set(curves["metric"].unique())
-    panels = {t: next(m for m in cands if m in logged) for t, cands in DIAGNOSTICS.items()
-              if any(m in logged for m in cands)}
+    panels = {
+        t: next(m for m in cands if m in logged) for t, cands in DIAGNOSTICS.items() if any(m in logged for m in cands)
+    }
     if not panels:
         return []
     labels = list(dict.fromkeys(results["label"]))
@@ -126,7 +138,7 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
         ax.set(xlabel="update", ylabel=metric, title=title)
         if ax.get_legend() is not None:
             ax.get_legend().set_title(", ".join(results.attrs["sweep"].axes) or None)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     meta = results.attrs["sweep"]
     note = f"; dotted lines: collapse detected ({len(collapses)} runs)" if len(collapses) else ""
@@ -134,8 +146,9 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
     return _save(fig, out_dir, "diagnostics")
 
 
-def make_plots(path: str | Path, metrics: list[str] | None = None,
-               out_dir: str | Path | None = None) -> dict[str, list[Path]]:
+def make_plots(
+    path: str | Path, metrics: list[str] | None = None, out_dir: str | Path | None = None
+) -> dict[str, list[Path]]:
     """Write every figure of a results folder (default into <results>/plots; failed points left out).
     Returns {"curves_<metric>": [png, svg], ..., "diagnostics": [png, svg]}."""
     results = load_results(path)

@@ -2,6 +2,7 @@
 links), provenance and what is missing. Written next to the results by default:
 <results>/report.md (or .html) with figures under <results>/plots/.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,25 +27,42 @@ def _status_line(results: pd.DataFrame) -> str:
     return f"{done} of {len(results)} points finished ({parts})."
 
 
-def _sections(path: Path, out: Path, table: Table, figures: dict[str, list[Path]] | str, results: pd.DataFrame,
-              fmt: str) -> list[tuple[str, str, list[str], list[tuple[str, str]]]]:
+def _sections(
+    path: Path, out: Path, table: Table, figures: dict[str, list[Path]] | str, results: pd.DataFrame, fmt: str
+) -> list[tuple[str, str, list[str], list[tuple[str, str]]]]:
     """(title, body in the page's format, list items, figures as (name, relative PNG path)) per section.
     `figures` is a reason string when there are none."""
     meta = results.attrs["sweep"]
     table_text = to_markdown(table, footer=False) if fmt == "md" else to_html(table)
-    images = [] if isinstance(figures, str) else \
-        [(name, Path(os.path.relpath(paths[0], out.parent)).as_posix()) for name, paths in figures.items()]
+    images = (
+        []
+        if isinstance(figures, str)
+        else [(name, Path(os.path.relpath(paths[0], out.parent)).as_posix()) for name, paths in figures.items()]
+    )
     pkgs = results.loc[results["status"].isin(FINISHED), "packages"].dropna().unique()
-    packages = [f"packages: {pkgs[0]}"] if len(pkgs) == 1 else \
-        [f"packages: {len(pkgs)} distinct sets across points"] if len(pkgs) else []
+    packages = (
+        [f"packages: {pkgs[0]}"]
+        if len(pkgs) == 1
+        else [f"packages: {len(pkgs)} distinct sets across points"]
+        if len(pkgs)
+        else []
+    )
     return [
         ("Status", _status_line(results), [], []),
         ("Table", table_text, [], []),
         ("Figures", figures if isinstance(figures, str) else "", [], images),
-        ("Provenance", f"Results folder: {path}. Sweep definition from {meta.source}.",
-         table.provenance + packages, []),
-        ("Missing or unfinished", "" if table.missing else "Nothing: every requested point finished.",
-         table.missing, []),
+        (
+            "Provenance",
+            f"Results folder: {path}. Sweep definition from {meta.source}.",
+            table.provenance + packages,
+            [],
+        ),
+        (
+            "Missing or unfinished",
+            "" if table.missing else "Nothing: every requested point finished.",
+            table.missing,
+            [],
+        ),
     ]
 
 
@@ -62,26 +80,32 @@ def _markdown(title: str, sections) -> str:
 
 def _html(title: str, sections) -> str:
     e = html.escape
-    parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
-             "td,th{padding:2px 8px;border-bottom:1px solid #ccc;text-align:right}"
-             "td:first-child,th:first-child{text-align:left}caption{caption-side:bottom;text-align:left;"
-             "font-size:small}img{max-width:100%}</style></head><body>", f"<h1>{e(title)}</h1>"]
+    parts = [
+        f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+        "td,th{padding:2px 8px;border-bottom:1px solid #ccc;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}caption{caption-side:bottom;text-align:left;"
+        "font-size:small}img{max-width:100%}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
     for name, body, items, figures in sections:
         parts.append(f"<h2>{e(name)}</h2>")
         if body:
             parts.append(body if body.lstrip().startswith("<table") else f"<p>{e(body)}</p>")
         for fig, rel in figures:
-            parts.append(f"<figure><img src='{e(rel)}' alt='{e(fig)}'><figcaption>{e(fig)} "
-                         f"(<a href='{e(Path(rel).with_suffix('.svg').as_posix())}'>SVG</a>)</figcaption></figure>")
+            parts.append(
+                f"<figure><img src='{e(rel)}' alt='{e(fig)}'><figcaption>{e(fig)} "
+                f"(<a href='{e(Path(rel).with_suffix('.svg').as_posix())}'>SVG</a>)</figcaption></figure>"
+            )
         if items:
             parts.append("<ul>" + "".join(f"<li>{e(it)}</li>" for it in items) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def write_report(path: str | Path, fmt: str = "md", out: str | Path | None = None,
-                 metrics: list[str] | None = None, **table_kw) -> Path:
+def write_report(
+    path: str | Path, fmt: str = "md", out: str | Path | None = None, metrics: list[str] | None = None, **table_kw
+) -> Path:
     """Write the report page (default <results>/report.<fmt>) and its figures (<page dir>/plots/)."""
     if fmt not in REPORT_FORMATS:
         raise ValueError(f"report format {fmt!r}: expected one of {', '.join(REPORT_FORMATS)}")

@@ -14,6 +14,7 @@ Definitions (all deterministic: a fixed-seed numpy Generator, percentile interva
 - Fewer than 2 values: the point estimate only; the interval is NaN (a bootstrap of one value
   would show a misleading zero width).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ class Difference:
     value: float
     lo: float
     hi: float
-    n: int          # pairs when paired, else min(n_cell, n_baseline)
+    n: int  # pairs when paired, else min(n_cell, n_baseline)
     paired: bool
 
 
@@ -78,8 +79,13 @@ def _percentiles(boot: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def stratified_bootstrap_ci(strata: Sequence[Sequence[float]], statistic: str = "iqm", n_boot: int = N_BOOT,
-                            confidence: float = CONFIDENCE, seed: int = 0) -> Estimate:
+def stratified_bootstrap_ci(
+    strata: Sequence[Sequence[float]],
+    statistic: str = "iqm",
+    n_boot: int = N_BOOT,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Estimate:
     """Estimate over all runs of all strata (tasks); runs resampled within each stratum (rliable).
     NaNs are dropped per stratum; strata may have different numbers of runs."""
     xs = [s for s in (_clean(v) for v in strata) if s.size]
@@ -95,14 +101,25 @@ def stratified_bootstrap_ci(strata: Sequence[Sequence[float]], statistic: str = 
     return Estimate(value, *_percentiles(boot, confidence), n)
 
 
-def bootstrap_ci(values: Sequence[float] | np.ndarray, statistic: str = "mean", n_boot: int = N_BOOT,
-                 confidence: float = CONFIDENCE, seed: int = 0) -> Estimate:
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray,
+    statistic: str = "mean",
+    n_boot: int = N_BOOT,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Estimate:
     """Statistic over seeds with a percentile bootstrap interval (NaNs dropped)."""
     return stratified_bootstrap_ci([values], statistic, n_boot, confidence, seed)
 
 
-def paired_difference(cell: Mapping[int, float], baseline: Mapping[int, float], statistic: str = "mean",
-                      n_boot: int = N_BOOT, confidence: float = CONFIDENCE, seed: int = 0) -> Difference:
+def paired_difference(
+    cell: Mapping[int, float],
+    baseline: Mapping[int, float],
+    statistic: str = "mean",
+    n_boot: int = N_BOOT,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Difference:
     """statistic(cell) - statistic(baseline), both given as {seed: value} (NaN values dropped).
     Paired bootstrap when the seed sets are identical, unpaired otherwise."""
     a = {s: float(v) for s, v in cell.items() if not math.isnan(float(v))}

@@ -18,6 +18,7 @@ Expert: fast-downward's plan from the current state (kept while followed, replan
 detour). It knows where every object is, unlike an agent, so its demonstrations go straight
 to hidden objects. Reward: 1.0 on success (the game has no intermediate points).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,46 +35,46 @@ from pydantic import Field, field_validator
 
 from envs import alfworld_gen
 from envs.registry import ENVS
-from envs.text_game import (GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines,
-                            pick_file, state_digest)
+from envs.text_game import GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines, pick_file, state_digest
 
 for _package in ("textworld", "fast_downward"):  # both are imported on first use
     if importlib.util.find_spec(_package) is None:
-        raise ImportError(f"ALFWorld games need the {_package} package "
-                          "(pip install 'textworld[pddl]' alfworld)")
-GEN_VERSION = 1          # bump when the generator changes what a seed produces
+        raise ImportError(f"ALFWorld games need the {_package} package (pip install 'textworld[pddl]' alfworld)")
+GEN_VERSION = 1  # bump when the generator changes what a seed produces
 GENERATION_ATTEMPTS = 10
 HIDDEN_COMMANDS = ("help",)  # its feedback is a long command reference
 _USER_DATA = os.environ.get("ALFWORLD_DATA")  # before `import alfworld` overwrites it
-DOWNLOAD_HELP = ("Get the official games with `alfworld-download` (pip package alfworld; writes "
-                 "to $ALFWORLD_DATA, default ~/.cache/alfworld) and point ALFWORLD_DATA or the env "
-                 "option data_dir at that folder, or use source: generated.")
+DOWNLOAD_HELP = (
+    "Get the official games with `alfworld-download` (pip package alfworld; writes "
+    "to $ALFWORLD_DATA, default ~/.cache/alfworld) and point ALFWORLD_DATA or the env "
+    "option data_dir at that folder, or use source: generated."
+)
 
 
 class AlfWorldOptions(TextGameOptions):
     source: Literal["auto", "official", "generated"] = Field(
-        "auto", description="'official' ALFWorld games from data_dir, 'generated' games made "
-                            "here from the alfworld package (no download), or 'auto': official "
-                            "when found, else generated")
-    data_dir: str | None = Field(None, description="ALFWorld data folder (default: "
-                                                   "$ALFWORLD_DATA)")
+        "auto",
+        description="'official' ALFWorld games from data_dir, 'generated' games made "
+        "here from the alfworld package (no download), or 'auto': official "
+        "when found, else generated",
+    )
+    data_dir: str | None = Field(None, description="ALFWorld data folder (default: $ALFWORLD_DATA)")
     heldout_split: Literal["valid_unseen", "valid_seen"] = Field(
-        "valid_unseen", description="official split played by held-out seeds")
-    task_types: list[str] = Field(list(alfworld_gen.TASK_TYPES),
-                                  description="ALFWorld task types to play")
+        "valid_unseen", description="official split played by held-out seeds"
+    )
+    task_types: list[str] = Field(list(alfworld_gen.TASK_TYPES), description="ALFWorld task types to play")
     cache_dir: str = Field("results/.cache/alfworld", description="where generated games are cached")
-    max_receptacles: int = Field(12, ge=4, le=60, description="receptacles per generated game "
-                                                              "(ALFRED scenes have 3-47)")
-    nb_distractors: int = Field(8, ge=0, le=60, description="objects per generated game besides "
-                                                            "the task's")
+    max_receptacles: int = Field(
+        12, ge=4, le=60, description="receptacles per generated game (ALFRED scenes have 3-47)"
+    )
+    nb_distractors: int = Field(8, ge=0, le=60, description="objects per generated game besides the task's")
 
     @field_validator("task_types")
     @classmethod
     def _known_types(cls, value: list[str]) -> list[str]:
         unknown = [t for t in value if t not in alfworld_gen.TASK_TYPES]
         if unknown or not value:
-            raise ValueError(f"unknown task types {unknown}; choose from "
-                             f"{', '.join(alfworld_gen.TASK_TYPES)}")
+            raise ValueError(f"unknown task types {unknown}; choose from {', '.join(alfworld_gen.TASK_TYPES)}")
         return value
 
 
@@ -98,8 +99,7 @@ def official_games(folder: str, task_types: tuple[str, ...]) -> tuple[Path, ...]
         name = str(path.relative_to(folder))
         if "movable" in name or "Sliced" in name:
             continue
-        task_type = next((t for t in task_types if name.startswith(t + "-")
-                          or f"/{t}-" in f"/{name}"), None)
+        task_type = next((t for t in task_types if name.startswith(t + "-") or f"/{t}-" in f"/{name}"), None)
         if task_type is not None and _solvable(path):
             by_type[task_type].append(path)
     for games in by_type.values():
@@ -175,18 +175,22 @@ def _alfworld_wrappers():
     import textworld.envs.pddl.logic as game_logic
     import textworld.envs.pddl.textgen as textgen
     import textworld.logic as logic
+
     for module, size in ((textgen, 8192), (logic, 8192), (game_logic, 32)):  # 32 grammars
         if not getattr(module._parse_and_convert, "memoized", False):
             module._parse_and_convert = _memoized(module._parse_and_convert, size)
     if not getattr(fast_downward.pddl2sas, "memoized", False):
         fast_downward.pddl2sas = _translation_cache(fast_downward.pddl2sas)
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+
     return PddlEnv, AlfredDemangler
 
 
-@ENVS.register("alfworld", doc="ALFWorld household tasks as text (6 task types); official "
-                               "games or built-in generator; planner expert",
-               source="Shridhar et al. 2021 (ALFWorld); games via TextWorld's PDDL backend")
+@ENVS.register(
+    "alfworld",
+    doc="ALFWorld household tasks as text (6 task types); official games or built-in generator; planner expert",
+    source="Shridhar et al. 2021 (ALFWorld); games via TextWorld's PDDL backend",
+)
 class AlfWorld(TextGameEnv):
     name = "alfworld"
     Options = AlfWorldOptions
@@ -205,19 +209,24 @@ class AlfWorld(TextGameEnv):
     def _resolve_source(self):
         o = self.options
         root = data_root(o)
-        folders = {"train": split_dir(root, "train") if root else None,
-                   "heldout": split_dir(root, o.heldout_split) if root else None}
+        folders = {
+            "train": split_dir(root, "train") if root else None,
+            "heldout": split_dir(root, o.heldout_split) if root else None,
+        }
         if o.source == "generated" or (o.source == "auto" and folders["train"] is None):
             return "generated", None
         missing = [s for s, f in folders.items() if f is None]
         if missing:
-            raise ValueError(f"env option source={o.source!r}: ALFWorld split folders "
-                             f"{['train', o.heldout_split]} not found under data_dir="
-                             f"{str(root) if root else None!r}. {DOWNLOAD_HELP}")
+            raise ValueError(
+                f"env option source={o.source!r}: ALFWorld split folders "
+                f"{['train', o.heldout_split]} not found under data_dir="
+                f"{str(root) if root else None!r}. {DOWNLOAD_HELP}"
+            )
         splits = {s: list(official_games(str(f), tuple(o.task_types))) for s, f in folders.items()}
         if not splits["train"]:
-            raise ValueError(f"no solvable ALFWorld games of types {o.task_types} under "
-                             f"{folders['train']}. {DOWNLOAD_HELP}")
+            raise ValueError(
+                f"no solvable ALFWorld games of types {o.task_types} under {folders['train']}. {DOWNLOAD_HELP}"
+            )
         return "official", splits
 
     def close(self) -> None:
@@ -235,16 +244,14 @@ class AlfWorld(TextGameEnv):
         task_type = self.task_type(seed)
         folder = Path(o.cache_dir) / f"gen{GEN_VERSION}-r{o.max_receptacles}-d{o.nb_distractors}"
         folder.mkdir(parents=True, exist_ok=True)
-        return cached_game(folder / f"seed{seed}-{task_type}.tw-pddl",
-                           lambda tmp: self._generate(seed, task_type, tmp))
+        return cached_game(folder / f"seed{seed}-{task_type}.tw-pddl", lambda tmp: self._generate(seed, task_type, tmp))
 
     def _generate(self, seed: int, task_type: str, tmp: Path) -> Path:
         """Write one generated game, kept only if the planner's walkthrough wins it."""
         o = self.options
         self._path = None  # the interpreter is about to hold candidates, not a task
         for attempt in range(GENERATION_ATTEMPTS):
-            data = alfworld_gen.make_game_data(seed, task_type, o.max_receptacles,
-                                               o.nb_distractors, attempt)
+            data = alfworld_gen.make_game_data(seed, task_type, o.max_receptacles, o.nb_distractors, attempt)
             env = self._interpreter()
             env.load(data)
             env.reset()
@@ -257,8 +264,9 @@ class AlfWorld(TextGameEnv):
                 path = tmp / "game.tw-pddl"
                 path.write_text(json.dumps(data))
                 return path
-        raise RuntimeError(f"could not generate a solvable ALFWorld {task_type} game for seed "
-                           f"{seed} in {GENERATION_ATTEMPTS} attempts")
+        raise RuntimeError(
+            f"could not generate a solvable ALFWorld {task_type} game for seed {seed} in {GENERATION_ATTEMPTS} attempts"
+        )
 
     # -- interpreter
     def _interpreter(self):
@@ -267,6 +275,7 @@ class AlfWorld(TextGameEnv):
                 os.environ["ALFWORLD_DATA"] = str(Path(self.options.cache_dir) / "alfworld_data")
             PddlEnv, AlfredDemangler = _alfworld_wrappers()
             import textworld
+
             infos = textworld.EnvInfos(admissible_commands=True, won=True)
             self._tw = AlfredDemangler(PddlEnv(infos), shuffle=False)
         return self._tw
@@ -299,13 +308,18 @@ class AlfWorld(TextGameEnv):
         commands = [c for c in s["admissible_commands"] if c not in HIDDEN_COMMANDS]
         facts = sorted(map(str, s["_facts"]))
         won = bool(s["won"])
-        return GameView(feedback=compact_lines(feedback), commands=commands,
-                        points=float(won), max_points=1.0, won=won, lost=False,
-                        state_key=state_digest("/".join(self._path.parts[-3:]), facts))
+        return GameView(
+            feedback=compact_lines(feedback),
+            commands=commands,
+            points=float(won),
+            max_points=1.0,
+            won=won,
+            lost=False,
+            state_key=state_digest("/".join(self._path.parts[-3:]), facts),
+        )
 
     def _expert_command(self) -> str:
-        if not (self._plan and self._plan_key == self.view.state_key
-                and self._plan[0] in self.view.commands):
+        if not (self._plan and self._plan_key == self.view.state_key and self._plan[0] in self.view.commands):
             pddl = self._tw._pddl_state
             self._plan = list(pddl.replan(self._tw._entity_infos))
             self._plan_key = self.view.state_key

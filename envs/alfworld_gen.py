@@ -17,6 +17,7 @@ at most `max_receptacles` receptacles are kept (the real scenes have 3 to 47) so
 observation stays short; no sliced objects and no movable-receptacle tasks (ALFWorld skips
 those too).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,21 +48,29 @@ def _load(relpath: str, name: str) -> ModuleType:
 C = _load("gen/constants.py", "_alfworld_constants")
 gdict = _load("gen/goal_library.py", "_alfworld_goal_library").gdict
 
-TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-              "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep",
-              "pick_two_obj_and_place")
-APPLIANCE = {"pick_clean_then_place_in_recep": "SinkBasin",
-             "pick_heat_then_place_in_recep": "Microwave",
-             "pick_cool_then_place_in_recep": "Fridge"}
-PROPERTY = {"pick_clean_then_place_in_recep": "Cleanable",
-            "pick_heat_then_place_in_recep": "Heatable",
-            "pick_cool_then_place_in_recep": "Coolable"}
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+APPLIANCE = {
+    "pick_clean_then_place_in_recep": "SinkBasin",
+    "pick_heat_then_place_in_recep": "Microwave",
+    "pick_cool_then_place_in_recep": "Fridge",
+}
+PROPERTY = {
+    "pick_clean_then_place_in_recep": "Cleanable",
+    "pick_heat_then_place_in_recep": "Heatable",
+    "pick_cool_then_place_in_recep": "Coolable",
+}
 LAMPS = ("DeskLamp", "FloorLamp")
 LAMP_HOLDERS = ("Desk", "SideTable", "Dresser", "Shelf", "CoffeeTable", "DiningTable", "TVStand")
 MOVABLE = set(C.MOVABLE_RECEPTACLES)
 STATIC = set(C.RECEPTACLES) - MOVABLE
-PLACEABLE = {o for objs in C.VAL_RECEPTACLE_OBJECTS.values() for o in objs
-             if "Sliced" not in o and o not in STATIC}
+PLACEABLE = {o for objs in C.VAL_RECEPTACLE_OBJECTS.values() for o in objs if "Sliced" not in o and o not in STATIC}
 DATA_DIR = _alfworld_dir() / "data"
 LAYOUT_DIR = _alfworld_dir() / "gen" / "layouts"
 
@@ -71,7 +80,7 @@ class Scene:
     number: int
     room: str
     receptacles: tuple[str, ...]  # receptacle type of each instance
-    objects: tuple[str, ...]      # placeable object types present
+    objects: tuple[str, ...]  # placeable object types present
     lamps: tuple[str, ...]
 
 
@@ -84,7 +93,7 @@ def scenes() -> tuple[Scene, ...]:
     """ALFRED's floor plans as shipped with the alfworld package."""
     out = []
     for path in sorted(LAYOUT_DIR.glob("FloorPlan*-objects.json")):
-        number = int(path.name[len("FloorPlan"):].split("-")[0])
+        number = int(path.name[len("FloorPlan") :].split("-")[0])
         types = json.loads(path.read_text())
         instances = json.loads((LAYOUT_DIR / f"FloorPlan{number}-openable.json").read_text())
         receptacles = []
@@ -111,10 +120,10 @@ def fits(obj: str, recep: str) -> bool:
 class Task:
     task_type: str
     scene: Scene
-    obj: str                    # target object type
-    recep: str                  # goal receptacle type ("" for look_at_obj_in_light)
-    toggle: str = ""            # lamp type for look_at_obj_in_light
-    text: str = ""              # task description shown to the agent
+    obj: str  # target object type
+    recep: str  # goal receptacle type ("" for look_at_obj_in_light)
+    toggle: str = ""  # lamp type for look_at_obj_in_light
+    text: str = ""  # task description shown to the agent
 
 
 def sample_task(task_type: str, rng: random.Random) -> Task:
@@ -127,8 +136,7 @@ def sample_task(task_type: str, rng: random.Random) -> Task:
             continue
         if task_type == "look_at_obj_in_light" and not (scene.lamps and kinds & set(LAMP_HOLDERS)):
             continue
-        objs = [o for o in scene.objects
-                if task_type not in PROPERTY or o in C.VAL_ACTION_OBJECTS[PROPERTY[task_type]]]
+        objs = [o for o in scene.objects if task_type not in PROPERTY or o in C.VAL_ACTION_OBJECTS[PROPERTY[task_type]]]
         pairs = []
         for obj in objs:
             sources = [k for k in kinds if fits(obj, k)]
@@ -137,16 +145,14 @@ def sample_task(task_type: str, rng: random.Random) -> Task:
                     pairs.append((obj, ""))
                 continue
             for recep in sorted(kinds):
-                if recep != APPLIANCE.get(task_type) and fits(obj, recep) and \
-                        any(k != recep for k in sources):
+                if recep != APPLIANCE.get(task_type) and fits(obj, recep) and any(k != recep for k in sources):
                     pairs.append((obj, recep))
         if not pairs:
             continue
         obj, recep = rng.choice(sorted(pairs))
         toggle = rng.choice(scene.lamps) if task_type == "look_at_obj_in_light" else ""
         template = rng.choice(gdict[task_type]["templates"])
-        text = template.format(obj=obj.lower(), recep=recep.lower(), toggle=toggle.lower(),
-                               mrecep="")
+        text = template.format(obj=obj.lower(), recep=recep.lower(), toggle=toggle.lower(), mrecep="")
         return Task(task_type, scene, obj, recep, toggle, text)
     raise ValueError(f"no ALFRED scene supports task type {task_type!r}")
 
@@ -160,19 +166,19 @@ def _ident(kind: str, k: int) -> str:
     return f"{kind}_bar_{k:02d}"
 
 
-def layout(task: Task, rng: random.Random, max_receptacles: int, nb_distractors: int
-           ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+def layout(
+    task: Task, rng: random.Random, max_receptacles: int, nb_distractors: int
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
     """Receptacles [(id, type)] and objects [(id, type, receptacle id)] of one game."""
     pool = list(task.scene.receptacles)
     rng.shuffle(pool)
     holder = rng.choice(sorted(set(pool) & set(LAMP_HOLDERS))) if task.toggle else ""
     source = rng.choice(sorted({k for k in pool if fits(task.obj, k) and k != task.recep}))
-    required = [k for k in dict.fromkeys([task.recep, APPLIANCE.get(task.task_type, ""),
-                                          holder, source]) if k]
+    required = [k for k in dict.fromkeys([task.recep, APPLIANCE.get(task.task_type, ""), holder, source]) if k]
     chosen = list(required)
     for kind in required:
         pool.remove(kind)
-    chosen += pool[:max(0, max_receptacles - len(chosen))]
+    chosen += pool[: max(0, max_receptacles - len(chosen))]
     counts: dict[str, int] = {}
     receptacles = []
     for kind in sorted(chosen):
@@ -196,8 +202,11 @@ def layout(task: Task, rng: random.Random, max_receptacles: int, nb_distractors:
     others = [o for o in task.scene.objects if o != task.obj]
     for _ in range(nb_distractors if others else 0):
         kind = rng.choice(others)
-        where = [(r, k) for r, k in receptacles if fits(kind, k) and
-                 not (task.recep and k == task.recep and kind == task.obj)]
+        where = [
+            (r, k)
+            for r, k in receptacles
+            if fits(kind, k) and not (task.recep and k == task.recep and kind == task.obj)
+        ]
         if where:
             place(kind, where)
     return receptacles, objects
@@ -209,11 +218,14 @@ def problem_pddl(task: Task, receptacles, objects, name: str) -> str:
     rtypes = sorted({k for _, k in receptacles} | set(APPLIANCE.values()))
     otypes = sorted({k for _, k, _ in objects} | {task.obj, "Knife", "ButterKnife"})
     location = {rid: f"loc_bar_{i + 1:02d}" for i, (rid, _) in enumerate(receptacles)}
-    decl = (["agent1 - agent", "loc_bar_00 - location"]
-            + [f"{loc} - location" for loc in location.values()]
-            + [f"{t}Type - otype" for t in otypes] + [f"{t}Type - rtype" for t in rtypes]
-            + [f"{rid} - receptacle" for rid, _ in receptacles]
-            + [f"{oid} - object" for oid, _, _ in objects])
+    decl = (
+        ["agent1 - agent", "loc_bar_00 - location"]
+        + [f"{loc} - location" for loc in location.values()]
+        + [f"{t}Type - otype" for t in otypes]
+        + [f"{t}Type - rtype" for t in rtypes]
+        + [f"{rid} - receptacle" for rid, _ in receptacles]
+        + [f"{oid} - object" for oid, _, _ in objects]
+    )
     init = ["(atLocation agent1 loc_bar_00)"]
     for rid, kind in receptacles:
         init.append(f"(receptacleType {rid} {kind}Type)")
@@ -224,23 +236,30 @@ def problem_pddl(task: Task, receptacles, objects, name: str) -> str:
     for kind in sorted(present):
         init += [f"(canContain {kind}Type {o}Type)" for o in otypes if fits(o, kind)]
     for oid, kind, rid in objects:
-        init += [f"(objectType {oid} {kind}Type)", f"(inReceptacle {oid} {rid})",
-                 f"(objectAtLocation {oid} {location[rid]})"]
+        init += [
+            f"(objectType {oid} {kind}Type)",
+            f"(inReceptacle {oid} {rid})",
+            f"(objectAtLocation {oid} {location[rid]})",
+        ]
         if kind in LAMPS:
             init.append(f"(toggleable {oid})")
             continue
         init.append(f"(pickupable {oid})")
-        for prop, pred in (("Cleanable", "cleanable"), ("Heatable", "heatable"),
-                           ("Coolable", "coolable")):
+        for prop, pred in (("Cleanable", "cleanable"), ("Heatable", "heatable"), ("Coolable", "coolable")):
             if kind in C.VAL_ACTION_OBJECTS[prop]:
                 init.append(f"({pred} {oid})")
         if kind in MOVABLE:
             init.append(f"(isReceptacleObject {oid})")
-    goal = gdict[task.task_type]["pddl"].format(obj=task.obj, recep=task.recep,
-                                                toggle=task.toggle, mrecep="")
+    goal = gdict[task.task_type]["pddl"].format(obj=task.obj, recep=task.recep, toggle=task.toggle, mrecep="")
     goal = goal.replace("#", "-")
-    return (f"(define (problem {name})\n (:domain alfred)\n (:objects\n  "
-            + "\n  ".join(decl) + "\n )\n (:init\n  " + "\n  ".join(init) + "\n )\n" + goal)
+    return (
+        f"(define (problem {name})\n (:domain alfred)\n (:objects\n  "
+        + "\n  ".join(decl)
+        + "\n )\n (:init\n  "
+        + "\n  ".join(init)
+        + "\n )\n"
+        + goal
+    )
 
 
 def grammar(task_text: str) -> str:
@@ -251,8 +270,9 @@ def domain() -> str:
     return (DATA_DIR / "alfred.pddl").read_text()
 
 
-def make_game_data(seed: int, task_type: str, max_receptacles: int = 12,
-                   nb_distractors: int = 8, attempt: int = 0) -> dict:
+def make_game_data(
+    seed: int, task_type: str, max_receptacles: int = 12, nb_distractors: int = 8, attempt: int = 0
+) -> dict:
     """The `game.tw-pddl` content of one generated game (walkthrough not yet added)."""
     rng = random.Random(f"alfworld-gen/{seed}/{task_type}/{attempt}")
     task = sample_task(task_type, rng)
@@ -263,7 +283,13 @@ def make_game_data(seed: int, task_type: str, max_receptacles: int = 12,
         "pddl_problem": problem_pddl(task, receptacles, objects, f"gen_{seed}"),
         "solvable": None,
         "walkthrough": None,
-        "task": {"seed": seed, "task_type": task_type, "scene": f"FloorPlan{task.scene.number}",
-                 "object_target": task.obj, "parent_target": task.recep,
-                 "toggle_target": task.toggle, "text": task.text},
+        "task": {
+            "seed": seed,
+            "task_type": task_type,
+            "scene": f"FloorPlan{task.scene.number}",
+            "object_target": task.obj,
+            "parent_target": task.recep,
+            "toggle_target": task.toggle,
+            "text": task.text,
+        },
     }

@@ -8,6 +8,7 @@ group its own instance, so instances never share mutable state.
 `TurnEnv` holds the step mechanics the reference environments share (parse -> format error
 or apply -> reward from the score); `parse_choice` / `render_turn` are the shared text helpers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,13 +67,13 @@ class Env(ABC):
     # one is counted as a hallucinated observation.
     observation_markers: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, options: EnvOptions | dict | None = None, reward_density: str = "sparse",
-                 format_penalty: float = 0.0):
+    def __init__(
+        self, options: EnvOptions | dict | None = None, reward_density: str = "sparse", format_penalty: float = 0.0
+    ):
         if not isinstance(options, EnvOptions):
             options = self.Options(**(options or {}))
         if reward_density not in REWARD_DENSITIES:
-            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, "
-                             f"got {reward_density!r}")
+            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, got {reward_density!r}")
         self.options = options
         self.reward_density = reward_density
         self.format_penalty = float(format_penalty)
@@ -98,7 +99,7 @@ class Env(ABC):
     def expert_action(self) -> str:
         """The expert's action text for the current state (as the model should write it)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: most environments hold nothing to release
         """Release external resources (an interpreter process, files); the default has none."""
 
     @classmethod
@@ -206,8 +207,13 @@ class TurnEnv(Env):
         return None
 
     def info(self, format_error: bool = False) -> dict[str, Any]:
-        return {"won": self.won(), "score": self.score(), "admissible": self.admissible(),
-                "state_key": self.state_key(), "format_error": format_error}
+        return {
+            "won": self.won(),
+            "score": self.score(),
+            "admissible": self.admissible(),
+            "state_key": self.state_key(),
+            "format_error": format_error,
+        }
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         self._seed = int(seed)
@@ -217,13 +223,13 @@ class TurnEnv(Env):
 
     def step(self, text: str) -> StepResult:
         if self._done:
-            raise RuntimeError(f"{type(self).__name__}: step() after the episode ended; "
-                               "call reset(seed) first")
+            raise RuntimeError(f"{type(self).__name__}: step() after the episode ended; call reset(seed) first")
         parsed = self.parse_action(text if isinstance(text, str) else "")
         if parsed.format_error:
             feedback = f"{INVALID_PREFIX}: {parsed.message}"
-            return StepResult(render_turn(self.render(), feedback), -self.format_penalty,
-                              False, self.info(format_error=True))
+            return StepResult(
+                render_turn(self.render(), feedback), -self.format_penalty, False, self.info(format_error=True)
+            )
         before = self.score()
         feedback = self._apply(parsed.action)
         self._done = self.over()

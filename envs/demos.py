@@ -4,6 +4,7 @@ An `Episode` is the instructions plus the list of `Turn(observation, action, rew
 `observation` is what the agent saw before writing `action`; `reward` and `info` come from
 the step that action made. `final_observation` is the text after the last step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,19 +36,27 @@ class Episode:
         return sum(t.reward for t in self.turns)
 
 
-def expert_episodes(env_name: str, options: dict | None, seeds: list[int], max_turns: int,
-                    reward_density: str = "sparse", format_penalty: float = 0.0,
-                    workers: int = 0, batch_size: int = 64, only_won: bool = False
-                    ) -> list[Episode]:
+def expert_episodes(
+    env_name: str,
+    options: dict | None,
+    seeds: list[int],
+    max_turns: int,
+    reward_density: str = "sparse",
+    format_penalty: float = 0.0,
+    workers: int = 0,
+    batch_size: int = 64,
+    only_won: bool = False,
+) -> list[Episode]:
     """Play the expert on every seed (in order); `only_won` drops the episodes it failed."""
     episodes: list[Episode] = []
     if not seeds:
         return episodes
     n = min(batch_size, len(seeds))
-    with VectorEnv(env_name, options, reward_density, format_penalty, n=n, workers=workers,
-                   max_turns=max_turns) as venv:
+    with VectorEnv(
+        env_name, options, reward_density, format_penalty, n=n, workers=workers, max_turns=max_turns
+    ) as venv:
         for start in range(0, len(seeds), n):
-            batch = list(seeds[start:start + n])
+            batch = list(seeds[start : start + n])
             episodes += _play_batch(venv, env_name, batch + [None] * (n - len(batch)))
     return [e for e in episodes if e.won] if only_won else episodes
 
@@ -83,8 +92,7 @@ def _play_batch(venv: VectorEnv, env_name: str, seeds: list[int | None]) -> list
     return [episodes[i] for i in sorted(episodes)]
 
 
-def expert_solve_rate(env_name: str, options: dict | None, seeds: list[int], max_turns: int,
-                      workers: int = 0) -> float:
+def expert_solve_rate(env_name: str, options: dict | None, seeds: list[int], max_turns: int, workers: int = 0) -> float:
     """Fraction of `seeds` the expert wins within `max_turns`."""
     episodes = expert_episodes(env_name, options, seeds, max_turns, workers=workers)
     return sum(e.won for e in episodes) / max(1, len(episodes))

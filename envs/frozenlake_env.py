@@ -6,12 +6,14 @@ bottom-right one (gymnasium's `generate_random_map`, which only returns maps wit
 Score = progress toward the goal: 1 - d(player) / d(start), clamped to [0, 1], where d is the
 shortest-path length avoiding holes; 1.0 on the goal, 0.0 after falling into a hole.
 """
+
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Literal
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -27,13 +29,11 @@ _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
 class FrozenLakeOptions(EnvOptions):
     size: int = Field(4, ge=2, le=12, description="side of the square map")
-    p_frozen: float = Field(0.8, ge=0.5, le=1.0,
-                            description="probability that a cell is frozen (not a hole)")
-    slippery: bool = Field(False, description="gymnasium is_slippery: a move goes sideways "
-                                              "with probability 2/3")
+    p_frozen: float = Field(0.8, ge=0.5, le=1.0, description="probability that a cell is frozen (not a hole)")
+    slippery: bool = Field(False, description="gymnasium is_slippery: a move goes sideways with probability 2/3")
     action_format: Literal["text", "answer"] = Field(
-        "text", description="how the expert writes actions: 'up' or '<answer>up</answer>' "
-                            "(both are always accepted)")
+        "text", description="how the expert writes actions: 'up' or '<answer>up</answer>' (both are always accepted)"
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -51,16 +51,17 @@ def _distances(desc: tuple[str, ...]) -> Mapping[tuple[int, int], int]:
         r, c = queue.popleft()
         for dr, dc in _MOVES.values():
             cell = (r + dr, c + dc)
-            if 0 <= cell[0] < n and 0 <= cell[1] < n and cell not in dist \
-                    and desc[cell[0]][cell[1]] != "H":
+            if 0 <= cell[0] < n and 0 <= cell[1] < n and cell not in dist and desc[cell[0]][cell[1]] != "H":
                 dist[cell] = dist[(r, c)] + 1
                 queue.append(cell)
     return MappingProxyType(dist)  # cached, so shared between instances: read-only
 
 
-@ENVS.register("frozenlake", doc="FrozenLake grid as text: reach G, avoid holes; "
-                                 "random solvable map per seed; BFS expert",
-               source="gymnasium FrozenLake; text rendering of RAGEN (Wang et al. 2025)")
+@ENVS.register(
+    "frozenlake",
+    doc="FrozenLake grid as text: reach G, avoid holes; random solvable map per seed; BFS expert",
+    source="gymnasium FrozenLake; text rendering of RAGEN (Wang et al. 2025)",
+)
 class FrozenLake(TurnEnv):
     name = "frozenlake"
     Options = FrozenLakeOptions
@@ -132,6 +133,5 @@ class FrozenLake(TurnEnv):
     def expert_action(self) -> str:
         """Shortest path on the deterministic map (on slippery ice: the same policy)."""
         r, c = self.pos
-        best = min(ACTIONS, key=lambda a: self.dist.get((r + _MOVES[a][0], c + _MOVES[a][1]),
-                                                        10**9))
+        best = min(ACTIONS, key=lambda a: self.dist.get((r + _MOVES[a][0], c + _MOVES[a][1]), 10**9))
         return format_action(best, self.options.action_format)

@@ -4,6 +4,7 @@ Every module of the `envs` package named `*_env.py` registers its environment on
 `load_all()` imports them all (called by `envs/__init__.py`). A module whose third-party
 package is missing is recorded in `UNAVAILABLE` instead of breaking `import envs`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -53,10 +54,10 @@ def validate_options(name: str, options: Any = None):
         return cls.Options(**(options or {}))
     except ValidationError as e:
         fields = ", ".join(cls.Options.model_fields)
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '?'}: {err['msg']}"
-                             for err in e.errors())
-        raise ValueError(f"invalid env.options for env {name!r}: {problems}. "
-                         f"Valid options: {fields or '(none)'}") from None
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '?'}: {err['msg']}" for err in e.errors())
+        raise ValueError(
+            f"invalid env.options for env {name!r}: {problems}. Valid options: {fields or '(none)'}"
+        ) from None
 
 
 def make_env(name: str, options: dict | None = None, **kwargs):
@@ -71,15 +72,34 @@ def describe() -> list[dict]:
     rows = []
     for entry in ENVS:
         cls = entry.fn
-        options = [{"name": fname, "type": _type_name(f.annotation),
-                    "default": f.get_default(call_default_factory=True),
-                    "description": f.description or ""}
-                   for fname, f in cls.Options.model_fields.items()]
-        rows.append({"name": entry.name, "doc": entry.doc, "source": entry.source,
-                     "options": options, "observation_markers": list(cls.observation_markers)})
+        options = [
+            {
+                "name": fname,
+                "type": _type_name(f.annotation),
+                "default": f.get_default(call_default_factory=True),
+                "description": f.description or "",
+            }
+            for fname, f in cls.Options.model_fields.items()
+        ]
+        rows.append(
+            {
+                "name": entry.name,
+                "doc": entry.doc,
+                "source": entry.source,
+                "options": options,
+                "observation_markers": list(cls.observation_markers),
+            }
+        )
     for module, why in UNAVAILABLE.items():
-        rows.append({"name": module.removesuffix("_env"), "doc": f"unavailable: {why}",
-                     "source": "", "options": [], "observation_markers": []})
+        rows.append(
+            {
+                "name": module.removesuffix("_env"),
+                "doc": f"unavailable: {why}",
+                "source": "",
+                "options": [],
+                "observation_markers": [],
+            }
+        )
     return rows
 
 

@@ -13,6 +13,7 @@
 * Disk cache. Generated games are written once, atomically (temporary folder + rename) and
   under a per-game lock, so parallel workers never see or make a half-written game.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,9 +23,10 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -37,22 +39,24 @@ INVENTORY_HEADER = "Inventory:"
 
 class TextGameOptions(EnvOptions):
     action_format: Literal["text", "choice"] = Field(
-        "text", description="'text': write a command, matched against the admissible commands "
-                            "(lowercase, whitespace-normalised); 'choice': the commands are "
-                            "numbered in the observation and the action is a number")
+        "text",
+        description="'text': write a command, matched against the admissible commands "
+        "(lowercase, whitespace-normalised); 'choice': the commands are "
+        "numbered in the observation and the action is a number",
+    )
 
 
 @dataclass
 class GameView:
     """The game as the agent sees it after reset or one command."""
 
-    feedback: str                 # cleaned narrative of the last command (or the room at reset)
-    commands: list[str]           # admissible commands, in display order
+    feedback: str  # cleaned narrative of the last command (or the room at reset)
+    commands: list[str]  # admissible commands, in display order
     points: float = 0.0
     max_points: float = 1.0
     won: bool = False
     lost: bool = False
-    state_key: str = ""           # equal for identical game states (GiGPO anchor)
+    state_key: str = ""  # equal for identical game states (GiGPO anchor)
     inventory: str | None = None  # compact inventory text, None when the game does not track it
     extra: dict = field(default_factory=dict)
 
@@ -110,8 +114,7 @@ class TextGameEnv(TurnEnv):
     # -- TurnEnv hooks
     @property
     def instructions(self) -> str:
-        text = (f"You are playing {self.game_name}. Reach the goal. Each turn, reply with one "
-                "of the available actions")
+        text = f"You are playing {self.game_name}. Reach the goal. Each turn, reply with one of the available actions"
         if self.options.action_format == "choice":
             return text + ": write only its number."
         return text + ", written exactly as listed."
@@ -176,8 +179,7 @@ class TextGameEnv(TurnEnv):
             digits = answer.strip().rstrip(".)")
             if digits.isdigit() and 1 <= int(digits) <= len(commands):
                 return ParsedAction(commands[int(digits) - 1], False)
-            return ParsedAction(None, True, f"{clip(answer)!r} is not a number from 1 to "
-                                            f"{len(commands)}.")
+            return ParsedAction(None, True, f"{clip(answer)!r} is not a number from 1 to {len(commands)}.")
         wanted = normalize_command(answer)
         for command in commands:
             if normalize_command(command) == wanted:
@@ -206,8 +208,7 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def cached_game(target: Path, build: Callable[[Path], Path], companions: tuple[str, ...] = ()
-                ) -> Path:
+def cached_game(target: Path, build: Callable[[Path], Path], companions: tuple[str, ...] = ()) -> Path:
     """`target` if it exists; else `build(tmp_dir) -> built file` and move it into place.
 
     Companion files (same stem, other suffixes, e.g. TextWorld's `.json`) are moved before
@@ -248,8 +249,7 @@ def home_dir(path: Path) -> Iterator[None]:
 def split_files(files: list[Path], heldout_fraction: float) -> dict[str, list[Path]]:
     """Deterministic train / held-out split of a game folder by a hash of each file name
     (adding files never moves an existing one); both splits non-empty when >= 2 files."""
-    heldout = [f for f in files
-               if int(hashlib.sha1(f.name.encode()).hexdigest()[:8], 16) / 16**8 < heldout_fraction]
+    heldout = [f for f in files if int(hashlib.sha1(f.name.encode()).hexdigest()[:8], 16) / 16**8 < heldout_fraction]
     train = [f for f in files if f not in heldout]
     if len(files) >= 2 and not heldout:
         heldout, train = train[-1:], train[:-1]
@@ -264,8 +264,10 @@ def pick_file(splits: dict[str, list[Path]], seed: int, where: str) -> Path:
     split = "train" if seed % 2 == 0 else "heldout"
     files = splits[split]
     if not files:
-        raise ValueError(f"no {split} games in {where}; seeds {'even' if split == 'train' else 'odd'} "
-                         f"need at least one (found {sum(map(len, splits.values()))} game files)")
+        raise ValueError(
+            f"no {split} games in {where}; seeds {'even' if split == 'train' else 'odd'} "
+            f"need at least one (found {sum(map(len, splits.values()))} game files)"
+        )
     return files[(seed // 2) % len(files)]
 
 

@@ -14,6 +14,7 @@ Score: points / max points (a generated game has one quest worth 1 point, so den
 there) or, with `score: progress`, 1 - (steps of the winning policy left) / (its length at
 reset), which rewards every step toward the goal and penalises detours.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -27,37 +28,50 @@ from typing import Literal
 from pydantic import Field
 
 from envs.registry import ENVS
-from envs.text_game import (GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines,
-                            home_dir, pick_file, split_files, state_digest)
+from envs.text_game import (
+    GameView,
+    TextGameEnv,
+    TextGameOptions,
+    cached_game,
+    compact_lines,
+    home_dir,
+    pick_file,
+    split_files,
+    state_digest,
+)
 
 if importlib.util.find_spec("textworld") is None:  # textworld itself is imported on first use
     raise ImportError("the textworld package is not installed (pip install textworld)")
 TEXTWORLD_VERSION = importlib.metadata.version("textworld")
 GENERATION_ATTEMPTS = 20  # quest generation can fail for a seed; retry with derived seeds
-SEARCH_NODES = 50_000     # budget of the breadth-first fallback expert
+SEARCH_NODES = 50_000  # budget of the breadth-first fallback expert
 
 
 class TextWorldOptions(TextGameOptions):
     world_size: int = Field(2, ge=1, le=64, description="number of rooms (tw-make --world-size)")
-    nb_objects: int = Field(3, ge=0, le=200, description="number of objects, including those the "
-                                                         "quest needs (tw-make --nb-objects)")
-    quest_length: int = Field(4, ge=1, le=32, description="actions in the winning walkthrough "
-                                                          "(tw-make --quest-length)")
-    cache_dir: str = Field("results/.cache/textworld",
-                           description="where generated games are cached (made once, atomically)")
-    game_dir: str | None = Field(None, description="play the .z8 games (with their .json) of this "
-                                                   "folder instead of generating games")
-    heldout_fraction: float = Field(0.2, gt=0, lt=1, description="share of game_dir games held out "
-                                                                 "(by a hash of the file name)")
+    nb_objects: int = Field(
+        3, ge=0, le=200, description="number of objects, including those the quest needs (tw-make --nb-objects)"
+    )
+    quest_length: int = Field(4, ge=1, le=32, description="actions in the winning walkthrough (tw-make --quest-length)")
+    cache_dir: str = Field(
+        "results/.cache/textworld", description="where generated games are cached (made once, atomically)"
+    )
+    game_dir: str | None = Field(
+        None, description="play the .z8 games (with their .json) of this folder instead of generating games"
+    )
+    heldout_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of game_dir games held out (by a hash of the file name)"
+    )
     score: Literal["points", "progress"] = Field(
-        "points", description="what dense rewards are increments of: the game's points / max "
-                              "points, or progress = 1 - winning-policy steps left / at reset")
+        "points",
+        description="what dense rewards are increments of: the game's points / max "
+        "points, or progress = 1 - winning-policy steps left / at reset",
+    )
 
 
 def game_path(options: TextWorldOptions, seed: int) -> Path:
     """The cached game of task `seed` (generated on first use)."""
-    tag = (f"w{options.world_size}-o{options.nb_objects}-q{options.quest_length}"
-           f"-tw{TEXTWORLD_VERSION}")
+    tag = f"w{options.world_size}-o{options.nb_objects}-q{options.quest_length}-tw{TEXTWORLD_VERSION}"
     target = Path(options.cache_dir) / tag / f"seed{seed}.z8"
     target.parent.mkdir(parents=True, exist_ok=True)
 
@@ -91,14 +105,16 @@ def _generate(options: TextWorldOptions, seed: int, path: Path) -> Path:
             last_error = RuntimeError("the generated game has no walkthrough")
             continue
         return Path(compile_game(game, game_options))
-    raise RuntimeError(f"TextWorld could not generate a game for seed {seed} with world_size="
-                       f"{options.world_size}, nb_objects={options.nb_objects}, quest_length="
-                       f"{options.quest_length} in {GENERATION_ATTEMPTS} attempts; make the quest "
-                       f"shorter or the world bigger. Last error: {last_error}")
+    raise RuntimeError(
+        f"TextWorld could not generate a game for seed {seed} with world_size="
+        f"{options.world_size}, nb_objects={options.nb_objects}, quest_length="
+        f"{options.quest_length} in {GENERATION_ATTEMPTS} attempts; make the quest "
+        f"shorter or the world bigger. Last error: {last_error}"
+    )
 
 
-_BANNER_END = re.compile(r"\n-= .+ =-\n")       # the first room header ends the intro banner
-_PROMPT = re.compile(r"\n>[^\n]*$")              # trailing prompt and status line
+_BANNER_END = re.compile(r"\n-= .+ =-\n")  # the first room header ends the intro banner
+_PROMPT = re.compile(r"\n>[^\n]*$")  # trailing prompt and status line
 _THE_END = re.compile(r"\*\*\* The End \*\*\*.*", re.S)
 _BOILERPLATE = re.compile(r"TextWorld|Here is how to play|Here is your task|^You do!$")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -118,16 +134,19 @@ def clean_objective(text: str) -> str:
 
 
 def clean_inventory(text: str) -> str:
-    """"You are carrying:\n  a key\n  a cane" -> "a key, a cane"; nothing -> "nothing"."""
+    """ "You are carrying:\n  a key\n  a cane" -> "a key, a cane"; nothing -> "nothing"."""
     text = " ".join((text or "").split())
     text = re.sub(r"^You are carrying:?\s*", "", text).rstrip(".")
     return text or "nothing"
 
 
-@ENVS.register("textworld", doc="TextWorld generated text adventures (w2-o3-q4 by default); "
-                                "walkthrough expert; text or numbered-choice actions",
-               source="Côté et al. 2018 (TextWorld); settings of the Practitioner's Guide to "
-                      "multi-turn agentic RL (w2-o3-q4, w4-o6-q8, w8-o12-q4)")
+@ENVS.register(
+    "textworld",
+    doc="TextWorld generated text adventures (w2-o3-q4 by default); "
+    "walkthrough expert; text or numbered-choice actions",
+    source="Côté et al. 2018 (TextWorld); settings of the Practitioner's Guide to "
+    "multi-turn agentic RL (w2-o3-q4, w4-o6-q8, w8-o12-q4)",
+)
 class TextWorld(TextGameEnv):
     name = "textworld"
     Options = TextWorldOptions
@@ -144,9 +163,11 @@ class TextWorld(TextGameEnv):
             folder = Path(self.options.game_dir)
             files = sorted(p for p in folder.glob("*.z8") if p.with_suffix(".json").is_file())
             if not files:
-                raise ValueError(f"env option game_dir={str(folder)!r}: no .z8 game with its .json "
-                                 "found (TextWorld >= 1.7 plays .z8 games; regenerate .ulx games "
-                                 "with `tw-make ... --format z8`)")
+                raise ValueError(
+                    f"env option game_dir={str(folder)!r}: no .z8 game with its .json "
+                    "found (TextWorld >= 1.7 plays .z8 games; regenerate .ulx games "
+                    "with `tw-make ... --format z8`)"
+                )
             self._splits = split_files(files, self.options.heldout_fraction)
 
     def close(self) -> None:
@@ -166,9 +187,17 @@ class TextWorld(TextGameEnv):
             warnings.filterwarnings("ignore", message=".*is not fully supported")
             if self._env is None:
                 import textworld
-                infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True,
-                                           score=True, max_score=True, won=True, lost=True,
-                                           inventory=True, objective=True)
+
+                infos = textworld.EnvInfos(
+                    admissible_commands=True,
+                    policy_commands=True,
+                    score=True,
+                    max_score=True,
+                    won=True,
+                    lost=True,
+                    inventory=True,
+                    objective=True,
+                )
                 self._env = textworld.start(str(path), request_infos=infos)
             elif path != self._path:
                 self._env.load(str(path))
@@ -177,7 +206,7 @@ class TextWorld(TextGameEnv):
         self._policy_length = max(1, len(self._state["policy_commands"] or ()))
         feedback = self._state["feedback"]
         match = _BANNER_END.search(feedback)
-        feedback = feedback[match.start():] if match else feedback
+        feedback = feedback[match.start() :] if match else feedback
         return clean_objective(self._state["objective"] or ""), self._view(feedback)
 
     def _send(self, command: str) -> GameView:
@@ -191,10 +220,16 @@ class TextWorld(TextGameEnv):
             left = 0 if s["won"] else len(s["policy_commands"] or ()) or self._policy_length
             points, max_points = self._policy_length - left, self._policy_length
         facts = sorted(map(str, s["_facts"]))
-        return GameView(feedback=clean_feedback(feedback), commands=list(s["admissible_commands"]),
-                        points=points, max_points=max_points, won=bool(s["won"]),
-                        lost=bool(s["lost"]), inventory=clean_inventory(s["inventory"]),
-                        state_key=state_digest(self._path.name, facts))
+        return GameView(
+            feedback=clean_feedback(feedback),
+            commands=list(s["admissible_commands"]),
+            points=points,
+            max_points=max_points,
+            won=bool(s["won"]),
+            lost=bool(s["lost"]),
+            inventory=clean_inventory(s["inventory"]),
+            state_key=state_digest(self._path.name, facts),
+        )
 
     # -- expert
     def _expert_command(self) -> str:

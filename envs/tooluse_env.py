@@ -14,6 +14,7 @@ Score = 0.9 * (share of the keys that differed from the target at the start that
 minus keys broken since) + 0.1 once `finish` is called with state == target (= won, reward 1
 in sparse mode). Expert = the walk's calls, then repairs of any key the agent broke, then finish.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,66 @@ from pydantic import Field, model_validator
 from envs.base import EnvOptions, ParsedAction, TurnEnv
 from envs.registry import ENVS
 
-NAMES = ("Ann", "Bob", "Cy", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lou",
-         "Max", "Ned", "Ola", "Pam", "Quin", "Rex", "Sue", "Tom")
-CITIES = ("Oslo", "Rome", "Lima", "Pune", "Baku", "Kyiv", "Nice", "Riga", "Bern", "Cork",
-          "Doha", "Fez", "Graz", "Hue", "Ipoh", "Kobe", "Lyon", "Metz", "Nara", "Oran")
-COUNTRIES = ("Chad", "Cuba", "Fiji", "Iran", "Iraq", "Laos", "Mali", "Oman", "Peru", "Togo",
-             "Yemen", "Niger", "Nepal", "Malta")
+NAMES = (
+    "Ann",
+    "Bob",
+    "Cy",
+    "Dee",
+    "Eve",
+    "Fay",
+    "Gus",
+    "Hal",
+    "Ivy",
+    "Jo",
+    "Kim",
+    "Lou",
+    "Max",
+    "Ned",
+    "Ola",
+    "Pam",
+    "Quin",
+    "Rex",
+    "Sue",
+    "Tom",
+)
+CITIES = (
+    "Oslo",
+    "Rome",
+    "Lima",
+    "Pune",
+    "Baku",
+    "Kyiv",
+    "Nice",
+    "Riga",
+    "Bern",
+    "Cork",
+    "Doha",
+    "Fez",
+    "Graz",
+    "Hue",
+    "Ipoh",
+    "Kobe",
+    "Lyon",
+    "Metz",
+    "Nara",
+    "Oran",
+)
+COUNTRIES = (
+    "Chad",
+    "Cuba",
+    "Fiji",
+    "Iran",
+    "Iraq",
+    "Laos",
+    "Mali",
+    "Oman",
+    "Peru",
+    "Togo",
+    "Yemen",
+    "Niger",
+    "Nepal",
+    "Malta",
+)
 
 # name -> (parameters as (name, JSON-schema type), description); TOOL_SPECS is the JSON schema
 _STR, _INT, _ANY = "string", "integer", ["string", "integer"]
@@ -49,20 +104,36 @@ TOOLS: dict[str, tuple[tuple[tuple[str, Any], ...], str]] = {
     "delete_key": ((("key", _STR),), "remove key"),
     "finish": ((), "end the episode"),
 }
-TOOL_SPECS = [{"name": name, "description": desc,
-               "parameters": {"type": "object",
-                              "properties": {p: {"type": t} for p, t in params},
-                              "required": [p for p, _ in params],
-                              "additionalProperties": False}}
-              for name, (params, desc) in TOOLS.items()]
+TOOL_SPECS = [
+    {
+        "name": name,
+        "description": desc,
+        "parameters": {
+            "type": "object",
+            "properties": {p: {"type": t} for p, t in params},
+            "required": [p for p, _ in params],
+            "additionalProperties": False,
+        },
+    }
+    for name, (params, desc) in TOOLS.items()
+]
 # the walk's type graph: value type -> tools taking it (one argument fed by the walk)
-_NEXT = {"person": ("get_city", "get_age", "upper", "length"),
-         "city": ("get_country", "upper", "length"),
-         "country": ("upper", "length"),
-         "text": ("length",),
-         "int": ("add", "mul")}
-_OUT = {"get_city": "city", "get_age": "int", "get_country": "country", "upper": "text",
-        "length": "int", "add": "int", "mul": "int"}
+_NEXT = {
+    "person": ("get_city", "get_age", "upper", "length"),
+    "city": ("get_country", "upper", "length"),
+    "country": ("upper", "length"),
+    "text": ("length",),
+    "int": ("add", "mul"),
+}
+_OUT = {
+    "get_city": "city",
+    "get_age": "int",
+    "get_country": "country",
+    "upper": "text",
+    "length": "int",
+    "add": "int",
+    "mul": "int",
+}
 _CALL = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
 _TEXT_CALL = re.compile(r"\s*([A-Za-z_]\w*)\((.*)\)\s*", re.S)
 
@@ -72,11 +143,14 @@ class ToolUseOptions(EnvOptions):
     max_calls: int = Field(3, ge=1, le=8, description="most tool calls in a goal's walk")
     n_goals: int = Field(1, ge=1, le=4, description="keys to set (one walk each)")
     n_people: int = Field(4, ge=2, le=len(NAMES), description="people in the hidden world")
-    repeat_goal: bool = Field(True, description="show the goal in every observation (needed "
-                                                "when the context keeps only the last turn)")
+    repeat_goal: bool = Field(
+        True, description="show the goal in every observation (needed when the context keeps only the last turn)"
+    )
     action_format: Literal["tool_call", "text"] = Field(
-        "tool_call", description="how the expert writes calls: <tool_call>{json}</tool_call> "
-                                 "or get_city(\"Ann\") (both are always accepted)")
+        "tool_call",
+        description="how the expert writes calls: <tool_call>{json}</tool_call> "
+        'or get_city("Ann") (both are always accepted)',
+    )
 
     @model_validator(mode="after")
     def _calls_ordered(self):
@@ -155,8 +229,7 @@ def run_tool(task: Task, state: dict, name: str, args: tuple) -> Any:
     if name == "set_key":
         state[args[0]] = args[1]
         return "ok"
-    return {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "upper": str.upper,
-            "length": len}[name](*args)
+    return {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "upper": str.upper, "length": len}[name](*args)
 
 
 def call_text(name: str, args: tuple, action_format: str) -> str:
@@ -164,7 +237,7 @@ def call_text(name: str, args: tuple, action_format: str) -> str:
     if action_format == "text":
         return f"{name}({', '.join(json.dumps(a) for a in args)})"
     arguments = {p: a for (p, _), a in zip(TOOLS[name][0], args)}
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def parse_call(text: str) -> tuple[str, tuple]:
@@ -177,8 +250,11 @@ def parse_call(text: str) -> tuple[str, tuple]:
             call = json.loads(m.group(1))
         except json.JSONDecodeError:
             raise ValueError("the tool call is not valid JSON") from None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) \
-                or not isinstance(call.get("arguments", {}), dict):
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("name"), str)
+            or not isinstance(call.get("arguments", {}), dict)
+        ):
             raise ValueError('write {"name": ..., "arguments": {...}}')
         name, arguments = call["name"], call.get("arguments", {})
         _check_tool(name)
@@ -219,9 +295,12 @@ def _has_type(value: Any, kind: Any) -> bool:
     return isinstance(value, str)
 
 
-@ENVS.register("tooluse", doc="tool use: reach a target key-value state by chaining small "
-                              "JSON-schema tools; tasks are random walks on the tool graph",
-               source="in the style of AutoForge (Cai et al. 2025) and tau-bench (Yao et al. 2024)")
+@ENVS.register(
+    "tooluse",
+    doc="tool use: reach a target key-value state by chaining small "
+    "JSON-schema tools; tasks are random walks on the tool graph",
+    source="in the style of AutoForge (Cai et al. 2025) and tau-bench (Yao et al. 2024)",
+)
 class ToolUse(TurnEnv):
     name = "tooluse"
     Options = ToolUseOptions
@@ -230,10 +309,10 @@ class ToolUse(TurnEnv):
     @property
     def instructions(self) -> str:
         example = call_text("add", (1, 2), self.options.action_format)
-        tools = "\n".join(f"{name}({', '.join(p for p, _ in params)}): {desc}"
-                          for name, (params, desc) in TOOLS.items())
-        return (f"Reach the goal with tool calls, one per turn, then call finish.\n"
-                f"Call: {example}\nTools:\n{tools}")
+        tools = "\n".join(
+            f"{name}({', '.join(p for p, _ in params)}): {desc}" for name, (params, desc) in TOOLS.items()
+        )
+        return f"Reach the goal with tool calls, one per turn, then call finish.\nCall: {example}\nTools:\n{tools}"
 
     def _new_task(self, seed: int) -> None:
         self.task = make_task(seed, self.options)

@@ -11,6 +11,7 @@ Step results carry info["truncated"] (True when `max_turns` ended the episode) a
 failed episode, info["env_error"] (the message). `stats` counts env errors, worker restarts
 and truncations.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,15 @@ from envs.registry import env_class, make_env, validate_options
 
 def error_info(message: str) -> dict[str, Any]:
     """The info of an episode ended by an environment failure."""
-    return {"won": False, "score": 0.0, "admissible": None, "state_key": "",
-            "format_error": False, "env_error": message, "done": True}
+    return {
+        "won": False,
+        "score": 0.0,
+        "admissible": None,
+        "state_key": "",
+        "format_error": False,
+        "env_error": message,
+        "done": True,
+    }
 
 
 def _describe(e: BaseException) -> str:
@@ -45,10 +53,8 @@ class _Failure:
 class _Pool:
     """The instances one process owns; every env exception becomes an error result."""
 
-    def __init__(self, env_name: str, options: dict, reward_density: str,
-                 format_penalty: float, indices: list[int]):
-        self.build = lambda: make_env(env_name, options, reward_density=reward_density,
-                                      format_penalty=format_penalty)
+    def __init__(self, env_name: str, options: dict, reward_density: str, format_penalty: float, indices: list[int]):
+        self.build = lambda: make_env(env_name, options, reward_density=reward_density, format_penalty=format_penalty)
         self.envs: dict[int, Any] = dict.fromkeys(indices)  # built on first reset
 
     def reset(self, items: list[tuple[int, int]]) -> list:
@@ -126,8 +132,7 @@ class _Worker:
 
     def start(self) -> None:
         self.conn, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_worker_main, daemon=True,
-                                     args=(child, self.env_module, self.pool_args))
+        self.proc = self.ctx.Process(target=_worker_main, daemon=True, args=(child, self.env_module, self.pool_args))
         self.proc.start()
         child.close()
 
@@ -144,8 +149,7 @@ class _Worker:
         if self.conn in ready or self.conn.poll(0):
             try:
                 result = self.conn.recv()
-                return result if not isinstance(result, Exception) else _Failure(
-                    _describe(result))
+                return result if not isinstance(result, Exception) else _Failure(_describe(result))
             except (EOFError, OSError):
                 pass
         if not ready:
@@ -198,18 +202,24 @@ class VectorEnv:
     `_context`. Call `close()` (or use `with`) to stop the workers.
     """
 
-    def __init__(self, env_name: str, options: dict | None = None,
-                 reward_density: str = "sparse", format_penalty: float = 0.0, n: int = 1,
-                 workers: int = 0, max_turns: int | None = None, timeout_s: float | None = None,
-                 start_method: str | None = None):
+    def __init__(
+        self,
+        env_name: str,
+        options: dict | None = None,
+        reward_density: str = "sparse",
+        format_penalty: float = 0.0,
+        n: int = 1,
+        workers: int = 0,
+        max_turns: int | None = None,
+        timeout_s: float | None = None,
+        start_method: str | None = None,
+    ):
         cls = env_class(env_name)
         opts = validate_options(env_name, options).model_dump()
         if reward_density not in REWARD_DENSITIES:
-            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, "
-                             f"got {reward_density!r}")
+            raise ValueError(f"reward_density must be one of {REWARD_DENSITIES}, got {reward_density!r}")
         if n < 1 or workers < 0:
-            raise ValueError(f"VectorEnv needs n >= 1 and workers >= 0, got n={n}, "
-                             f"workers={workers}")
+            raise ValueError(f"VectorEnv needs n >= 1 and workers >= 0, got n={n}, workers={workers}")
         self.env_name, self.n, self.max_turns, self.timeout_s = env_name, n, max_turns, timeout_s
         self.workers = min(workers, n)
         self.active = [False] * n  # an episode is in progress
@@ -221,8 +231,9 @@ class VectorEnv:
             self._pools: list = [_Pool(*args, list(range(n)))]
         else:
             ctx = _context(start_method, cls.__module__)
-            self._pools = [_Worker(ctx, cls.__module__, args + (list(range(w, n, self.workers)),))
-                           for w in range(self.workers)]
+            self._pools = [
+                _Worker(ctx, cls.__module__, args + (list(range(w, n, self.workers)),)) for w in range(self.workers)
+            ]
 
     @property
     def instructions(self) -> str:
@@ -230,8 +241,7 @@ class VectorEnv:
         if self._instructions is None:
             result = self._run("instructions", {0: None})[0]
             if isinstance(result, _Failure):
-                raise RuntimeError(f"{self.env_name}: no instance could be built: "
-                                   f"{result.message}")
+                raise RuntimeError(f"{self.env_name}: no instance could be built: {result.message}")
             self._instructions = result
         return self._instructions
 
@@ -259,8 +269,7 @@ class VectorEnv:
             result.info["truncated"] = False
             if "env_error" in result.info:
                 self.stats["env_errors"] += 1
-            elif not result.done and self.max_turns is not None \
-                    and self.turns[i] >= self.max_turns:
+            elif not result.done and self.max_turns is not None and self.turns[i] >= self.max_turns:
                 result.done = True
                 result.info["truncated"] = True
                 self.stats["truncated"] += 1
@@ -271,8 +280,7 @@ class VectorEnv:
     def expert_actions(self) -> list[str | None]:
         """The expert's next action per active instance (None: inactive or no expert)."""
         results = self._run("expert", {i: None for i in range(self.n) if self.active[i]})
-        return [None if isinstance(r, _Failure) else r
-                for r in (results.get(i) for i in range(self.n))]
+        return [None if isinstance(r, _Failure) else r for r in (results.get(i) for i in range(self.n))]
 
     def close(self) -> None:
         """Close every instance and stop the workers; the VectorEnv is unusable after."""
@@ -308,8 +316,7 @@ class VectorEnv:
             groups.setdefault(0 if self.workers == 0 else i % self.workers, []).append(i)
         calls = {w: [(i, items[i]) for i in idx] for w, idx in groups.items()}
         if self.workers == 0:
-            return dict(zip(groups.get(0, []), getattr(self._pools[0], command)(
-                calls.get(0, []))))
+            return dict(zip(groups.get(0, []), getattr(self._pools[0], command)(calls.get(0, []))))
         sent = {w: self._pools[w].send((command, call)) for w, call in calls.items()}
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         out: dict[int, Any] = {}

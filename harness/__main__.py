@@ -1,4 +1,5 @@
 """`python -m harness` is the `harness` command."""
+
 from harness.cli.main import main
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Everything a test writes goes to a temporary folder: MLflow (sqlite store), the 
 content-hashed caches, and HOME (TextWorld and other libraries write under it). The model hub
 is never contacted (HF_HUB_OFFLINE=1).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,6 +37,7 @@ if str(REPO_ROOT) not in sys.path:
 
 try:  # property tests draw the same examples on every run, so CI results do not depend on luck
     from hypothesis import settings as _hsettings
+
     _hsettings.register_profile("harness", derandomize=True, deadline=None)
     _hsettings.load_profile("harness")
 except ImportError:  # pragma: no cover

@@ -1,4 +1,5 @@
 """docs/algorithms.md covers every registered axis value, and its generated list is current."""
+
 from __future__ import annotations
 
 import re
@@ -38,6 +39,10 @@ def test_generated_value_list_is_current():
 
 def test_code_comments_point_inside_the_repository():
     repo = DOC.parents[1]
-    offenders = [str(p.relative_to(repo)) for pkg in ("harness", "algorithms", "envs", "analysis", "sweeps", "configs")
-                 for p in (repo / pkg).rglob("*") if p.suffix in (".py", ".yaml") and "REFERENCE" in p.read_text()]
+    offenders = [
+        str(p.relative_to(repo))
+        for pkg in ("harness", "algorithms", "envs", "analysis", "sweeps", "configs")
+        for p in (repo / pkg).rglob("*")
+        if p.suffix in (".py", ".yaml") and "REFERENCE" in p.read_text()
+    ]
     assert not offenders, f"these name a REFERENCE file outside the repository: {offenders}"

@@ -3,6 +3,7 @@
 Read from the source with `ast` (every import statement, function-local ones included), so a
 hidden upward import or cycle fails here before it confuses a reader.
 """
+
 from __future__ import annotations
 
 import ast
@@ -78,17 +79,27 @@ def test_every_harness_module_sits_in_a_layer():
 
 
 def test_harness_imports_only_go_downward():
-    upward = [f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
-              if _layer(m) is not None and _layer(t) is not None and _layer(t) < _layer(m)]
-    assert not upward, "upward imports (layers top to bottom: " + " > ".join(HARNESS_LAYERS) + "):\n" + \
-        "\n".join(upward)
+    upward = [
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        for t in targets
+        if _layer(m) is not None and _layer(t) is not None and _layer(t) < _layer(m)
+    ]
+    assert not upward, (
+        "upward imports (layers top to bottom: " + " > ".join(HARNESS_LAYERS) + "):\n" + "\n".join(upward)
+    )
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGE_IMPORTS))
 def test_top_level_packages_import_only_what_they_may(package):
     allowed = PACKAGE_IMPORTS[package] | {package}
-    bad = [f"{m} -> {t}" for m, targets in GRAPH.items() if m.split(".")[0] == package
-           for t in targets if t.split(".")[0] not in allowed]
+    bad = [
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if m.split(".")[0] == package
+        for t in targets
+        if t.split(".")[0] not in allowed
+    ]
     assert not bad, f"{package} may import only {sorted(allowed)}:\n" + "\n".join(bad)
 
 

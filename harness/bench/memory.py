@@ -2,25 +2,46 @@
 full-vocabulary float32 log-softmax, and the plain reference computation both are checked
 against in tests.
 """
+
 from __future__ import annotations
 
 import ctypes
 import gc
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from harness.model.logprobs import (DEFAULT_CHUNK, NEG, backbone_and_head, hidden_states, logprobs_from_hidden,
-                                    position_ids, token_logprobs)
+from harness.model.logprobs import (
+    DEFAULT_CHUNK,
+    NEG,
+    backbone_and_head,
+    hidden_states,
+    logprobs_from_hidden,
+    position_ids,
+    token_logprobs,
+)
 
 
-def naive_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                         temperature: float = 1.0, with_entropy: bool = False,
-                         allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def naive_token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The reference computation (full (B, T, V) float32 log-softmax); for tests and the benchmark."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids(attention_mask), use_cache=False).logits.float() / temperature
+    logits = (
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            use_cache=False,
+        ).logits.float()
+        / temperature
+    )
     logits = logits[:, :-1]
     if allowed is not None:  # disallowed ids -> -inf, by a plain (B, T-1, V) mask
         al = allowed[:, 1:]
@@ -76,8 +97,15 @@ def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "c
     return _cpu_rss_bytes("VmHWM") - base
 
 
-def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      chunk_size: int = DEFAULT_CHUNK, backward: bool = True, head_only: bool = True) -> dict:
+def peak_memory_ratio(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    backward: bool = True,
+    head_only: bool = True,
+) -> dict:
     """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
 
     head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
@@ -103,6 +131,7 @@ def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask:
             if backward:
                 lp.sum().backward()
     else:
+
         def naive() -> None:
             lp, _ = naive_token_logprobs(model, input_ids, attention_mask)
             if backward:
@@ -117,6 +146,13 @@ def peak_memory_ratio(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         chunk_bytes = measure_peak_bytes(chunked, device)
         naive_bytes = measure_peak_bytes(naive, device)
     model.zero_grad(set_to_none=True)
-    return {"naive_bytes": naive_bytes, "chunked_bytes": chunk_bytes, "ratio": chunk_bytes / max(naive_bytes, 1),
-            "tokens": int(attention_mask.sum()), "chunk_size": chunk_size, "head_only": head_only,
-            "backward": backward, "device": str(device)}
+    return {
+        "naive_bytes": naive_bytes,
+        "chunked_bytes": chunk_bytes,
+        "ratio": chunk_bytes / max(naive_bytes, 1),
+        "tokens": int(attention_mask.sum()),
+        "chunk_size": chunk_size,
+        "head_only": head_only,
+        "backward": backward,
+        "device": str(device),
+    }

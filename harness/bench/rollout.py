@@ -9,18 +9,19 @@
 Both default to `SyntheticEnv`, an endless environment with fixed-length observations, so that
 every episode plays all turns and the numbers depend only on the model and the engine.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from envs.base import StepResult
-from harness.transcript.chat import ChatFormat
 from harness.config.schema import RunConfig
 from harness.rl.rollout import collect
+from harness.transcript.chat import ChatFormat
 
 BENCH_INSTRUCTIONS = "You are an agent in a text world. Read the observation and answer with one action."
 
@@ -40,8 +41,12 @@ class SyntheticEnv:
 
     def step(self, text: str) -> StepResult:
         self.t += 1
-        return StepResult(self._obs(), 0.0, False, {"won": False, "score": 0.0, "admissible": None,
-                                                    "state_key": str(self.t), "format_error": False})
+        return StepResult(
+            self._obs(),
+            0.0,
+            False,
+            {"won": False, "score": 0.0, "admissible": None, "state_key": str(self.t), "format_error": False},
+        )
 
 
 class SyntheticVectorEnv:
@@ -58,15 +63,33 @@ class SyntheticVectorEnv:
 def _run(model, chat, cfg, make_venv, tasks, turns, seed, **kw):
     timings: list[dict] = []
     t0 = time.perf_counter()
-    eps = collect(model, chat, make_venv(len(tasks)), tasks, cfg, generator=torch.Generator().manual_seed(seed),
-                  instructions=BENCH_INSTRUCTIONS, turn_budget=turns, timings=timings, **kw)
+    eps = collect(
+        model,
+        chat,
+        make_venv(len(tasks)),
+        tasks,
+        cfg,
+        generator=torch.Generator().manual_seed(seed),
+        instructions=BENCH_INSTRUCTIONS,
+        turn_budget=turns,
+        timings=timings,
+        **kw,
+    )
     wall = time.perf_counter() - t0
     return sum(len(s.action_ids) for e in eps for s in e.steps), wall, timings
 
 
-def bench_batched_vs_sequential(model, chat: ChatFormat, cfg: RunConfig, *, batch: int = 16, turns: int = 4,
-                                seed: int = 0, repeats: int = 3,
-                                make_venv: Callable[[int], object] = SyntheticVectorEnv) -> dict:
+def bench_batched_vs_sequential(
+    model,
+    chat: ChatFormat,
+    cfg: RunConfig,
+    *,
+    batch: int = 16,
+    turns: int = 4,
+    seed: int = 0,
+    repeats: int = 3,
+    make_venv: Callable[[int], object] = SyntheticVectorEnv,
+) -> dict:
     """Rollout tokens/s of `batch` episodes in lock-step vs the same episodes one at a time.
 
     Each side is measured `repeats` times, interleaved, and the median throughput is kept: a
@@ -84,14 +107,28 @@ def bench_batched_vs_sequential(model, chat: ChatFormat, cfg: RunConfig, *, batc
             tok_s, wall_s = tok_s + n, wall_s + w
         sequential.append(tok_s / wall_s)
     b, s = statistics.median(batched), statistics.median(sequential)
-    return {"batch": batch, "turns": turns, "repeats": repeats, "batched_tokens_per_s": b,
-            "sequential_tokens_per_s": s, "speedup": b / s,
-            "speedup_per_repeat": [x / y for x, y in zip(batched, sequential)]}
+    return {
+        "batch": batch,
+        "turns": turns,
+        "repeats": repeats,
+        "batched_tokens_per_s": b,
+        "sequential_tokens_per_s": s,
+        "speedup": b / s,
+        "speedup_per_repeat": [x / y for x, y in zip(batched, sequential)],
+    }
 
 
-def bench_turn_cost(model, chat: ChatFormat, cfg: RunConfig, *, batch: int = 16, turns: int = 8,
-                    repeats: int = 3, seed: int = 0, make_venv: Callable[[int], object] = SyntheticVectorEnv
-                    ) -> dict:
+def bench_turn_cost(
+    model,
+    chat: ChatFormat,
+    cfg: RunConfig,
+    *,
+    batch: int = 16,
+    turns: int = 8,
+    repeats: int = 3,
+    seed: int = 0,
+    make_venv: Callable[[int], object] = SyntheticVectorEnv,
+) -> dict:
     """Generation seconds of turn `turns` over turn 1 (median of `repeats`), with and without
     KV-cache reuse, in the concatenated layout (context.policy must be full)."""
     if cfg.context.policy != "full":

@@ -8,6 +8,7 @@ below are what we aim for.
 - one update vs TRL's GRPOTrainer step, same model / LoRA / tokens     target <= 1.0x the time
 - peak memory of the log-prob computation vs a naive log-softmax      target <= 0.25x
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,6 +30,7 @@ def bench_device(cfg: RunConfig) -> str:
 
 def bench_rollout(policy, cfg: RunConfig, batch: int = 16) -> dict:
     from harness.bench.rollout import bench_batched_vs_sequential, bench_turn_cost
+
     thr = bench_batched_vs_sequential(policy.model, policy.chat, cfg, batch=batch, turns=4)
     turn = bench_turn_cost(policy.model, policy.chat, cfg, batch=batch, turns=8)
     return {"rollout_batched_vs_sequential": thr, "turn8_vs_turn1": turn}
@@ -38,6 +40,7 @@ def bench_logprob_memory(model, batch: int = 8, length: int = 512) -> dict:
     """Peak memory of the chunked log-probs (forward + backward, from the hidden states on) vs
     a naive full-vocabulary log-softmax, on `model` with random token ids."""
     from harness.bench.memory import peak_memory_ratio
+
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, length), generator=g).to(next(model.parameters()).device)
@@ -48,9 +51,17 @@ def qwen05b_shaped_head_model() -> torch.nn.Module:
     """One decoder layer with Qwen2.5-0.5B's width and vocabulary (896, 151,936), random weights:
     the log-prob memory question is about the output layer, which this reproduces exactly."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
-                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=1,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     for p in model.parameters():  # frozen, as under LoRA: the gradient flows into the hidden states
         p.requires_grad_(False)
@@ -75,6 +86,7 @@ def _single_turn(cfg: RunConfig) -> RunConfig:
 def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], int]:
     """Seconds of our rollout + update per step (first step is warm-up); completion tokens/step."""
     from harness.rl.trainer import Trainer
+
     cfg = _single_turn(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp), _NullLogger())
@@ -98,9 +110,9 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from envs import make_env
-    from harness.transcript.chat import prompt_text
-    from harness.model.pipeline import load_policy
     from harness.model.cache import cache_dir
+    from harness.model.pipeline import load_policy
+    from harness.transcript.chat import prompt_text
 
     policy = load_policy(cfg, cache_dir(), "cpu")
     # the plain base model; TRL adds the same LoRA adapter itself (peft_config below)
@@ -127,23 +139,42 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
     ro, lora = cfg.rollout, cfg.model.lora
     n = ro.tasks_per_update * ro.group_size
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=n, num_generations=ro.group_size,
-                          max_completion_length=ro.max_new_tokens, max_steps=steps + 1, report_to=[],
-                          use_cpu=bench_device(cfg) == "cpu", beta=cfg.algo.kl.coef, temperature=ro.temperature,
-                          learning_rate=cfg.algo.lr, save_strategy="no", disable_tqdm=True,
-                          logging_steps=10**6, seed=cfg.train.seed)
-        trainer = GRPOTrainer(model=base, reward_funcs=reward, args=args, processing_class=policy.tokenizer,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()],
-                              peft_config=LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                     target_modules=list(lora.target_modules)))
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=n,
+            num_generations=ro.group_size,
+            max_completion_length=ro.max_new_tokens,
+            max_steps=steps + 1,
+            report_to=[],
+            use_cpu=bench_device(cfg) == "cpu",
+            beta=cfg.algo.kl.coef,
+            temperature=ro.temperature,
+            learning_rate=cfg.algo.lr,
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=10**6,
+            seed=cfg.train.seed,
+        )
+        trainer = GRPOTrainer(
+            model=base,
+            reward_funcs=reward,
+            args=args,
+            processing_class=policy.tokenizer,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            callbacks=[Clock()],
+            peft_config=LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+            ),
+        )
         trainer.train()
     return times[1:], float(n * ro.max_new_tokens)
 
 
 def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout", "memory", "trl")) -> dict:
     """Every benchmark in one process; each entry reports both sides and the ratio."""
-    from harness.model.pipeline import load_policy
     from harness.model.cache import cache_dir
+    from harness.model.pipeline import load_policy
+
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     out: dict = {"threads": torch.get_num_threads()}
@@ -160,8 +191,11 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
         ours, tokens = ours_update_seconds(cfg, steps)
         trl, trl_tokens = trl_step_seconds(cfg, steps)
         out["update_vs_trl_grpo"] = {
-            "ours_s": statistics.median(ours), "trl_s": statistics.median(trl),
+            "ours_s": statistics.median(ours),
+            "trl_s": statistics.median(trl),
             "ratio": statistics.median(ours) / statistics.median(trl),
-            "ours_completion_tokens": tokens, "trl_max_completion_tokens": trl_tokens,
-            "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size}
+            "ours_completion_tokens": tokens,
+            "trl_max_completion_tokens": trl_tokens,
+            "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size,
+        }
     return out

@@ -4,6 +4,7 @@ Plain functions plus `register(app)`, which `harness.cli.main` calls.
 `analysis` (pandas, seaborn) is imported inside the commands, keeping `harness --help` fast.
 Bad input (not a results folder, unknown metric or format) is one paragraph on stderr, exit 2.
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,14 +35,21 @@ class ReportFormat(str, Enum):
 
 
 ResultsArg = Annotated[Path, typer.Argument(help="Results folder of one sweep, e.g. results/clipping.")]
-MetricOpt = Annotated[list[str] | None, typer.Option(
-    "--metric", "-m", help="Metric to show; repeatable. Summary metrics (final/…, best/…, init/…, collapsed_at) "
-    "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl. Table default: final and best "
-    "eval_greedy/success, collapsed_at, final/diag/kl_k3; plot default: eval_greedy/success.")]
+MetricOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--metric",
+        "-m",
+        help="Metric to show; repeatable. Summary metrics (final/…, best/…, init/…, collapsed_at) "
+        "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl. Table default: final and best "
+        "eval_greedy/success, collapsed_at, final/diag/kl_k3; plot default: eval_greedy/success.",
+    ),
+]
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn an AnalysisError (bad folder, unknown metric) into one paragraph on stderr, exit status 2."""
+
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from analysis.load import AnalysisError
@@ -51,25 +59,41 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except AnalysisError as e:
             print(f"error: {e}", file=sys.stderr)
             raise typer.Exit(2) from None
+
     return wrapper
 
 
 @_friendly
-def table(results: ResultsArg, metric: MetricOpt = None,
-          format: Annotated[TableFormat, typer.Option("--format", "-f", help="Output format.")] = TableFormat.markdown,
-          iqm: Annotated[bool, typer.Option("--iqm", help="Interquartile mean with a stratified bootstrap CI "
-                                            "(rliable) instead of the mean.")] = False,
-          out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
-          min_seeds: Annotated[int, typer.Option("--min-seeds", min=1, help="Cells with fewer finished seeds show "
-                                                 "no estimate, only their count.")] = 1,
-          interval: Annotated[Interval, typer.Option("--interval", help="pm: mean ± CI half-width; bracket: "
-                                                     "mean followed by the interval's two ends.")] = Interval.pm,
-          n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 10_000) -> None:
+def table(
+    results: ResultsArg,
+    metric: MetricOpt = None,
+    format: Annotated[TableFormat, typer.Option("--format", "-f", help="Output format.")] = TableFormat.markdown,
+    iqm: Annotated[
+        bool,
+        typer.Option("--iqm", help="Interquartile mean with a stratified bootstrap CI (rliable) instead of the mean."),
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
+    min_seeds: Annotated[
+        int,
+        typer.Option("--min-seeds", min=1, help="Cells with fewer finished seeds show no estimate, only their count."),
+    ] = 1,
+    interval: Annotated[
+        Interval,
+        typer.Option("--interval", help="pm: mean ± CI half-width; bracket: mean followed by the interval's two ends."),
+    ] = Interval.pm,
+    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 10_000,
+) -> None:
     """Paper table: mean ± 95% bootstrap CI over seeds per axis value, Δ to the baseline, provenance."""
     from analysis.table import render, table_for
 
-    t = table_for(results, metric or None, statistic="iqm" if iqm else "mean", interval=interval.value,
-                  min_seeds=min_seeds, n_boot=n_boot)
+    t = table_for(
+        results,
+        metric or None,
+        statistic="iqm" if iqm else "mean",
+        interval=interval.value,
+        min_seeds=min_seeds,
+        n_boot=n_boot,
+    )
     text = render(t, format.value)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,9 +106,13 @@ def table(results: ResultsArg, metric: MetricOpt = None,
 
 
 @_friendly
-def plot(results: ResultsArg, metric: MetricOpt = None,
-         out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the figures "
-                                                  "(default <results>/plots).")] = None) -> None:
+def plot(
+    results: ResultsArg,
+    metric: MetricOpt = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder for the figures (default <results>/plots).")
+    ] = None,
+) -> None:
     """Learning curves with 95% CI bands per axis value, and a diagnostics panel with collapse markers."""
     from analysis.plot import make_plots
 
@@ -94,12 +122,18 @@ def plot(results: ResultsArg, metric: MetricOpt = None,
 
 
 @_friendly
-def report(results: ResultsArg,
-           format: Annotated[ReportFormat, typer.Option("--format", "-f", help="Page format.")] = ReportFormat.md,
-           out: Annotated[Path | None, typer.Option("--out", "-o", help="Page path (default <results>/report.md "
-                                                    "or .html); figures go next to it in plots/.")] = None,
-           metric: MetricOpt = None,
-           iqm: Annotated[bool, typer.Option("--iqm", help="IQM instead of the mean in the table.")] = False) -> None:
+def report(
+    results: ResultsArg,
+    format: Annotated[ReportFormat, typer.Option("--format", "-f", help="Page format.")] = ReportFormat.md,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Page path (default <results>/report.md or .html); figures go next to it in plots/."
+        ),
+    ] = None,
+    metric: MetricOpt = None,
+    iqm: Annotated[bool, typer.Option("--iqm", help="IQM instead of the mean in the table.")] = False,
+) -> None:
     """One page: status of every point, the table, the figures, provenance and what is missing."""
     from analysis.report import write_report
 

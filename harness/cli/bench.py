@@ -1,4 +1,5 @@
 """`harness bench`: speed and memory ratios (`harness.bench`)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ PARTS = ("rollout", "memory", "trl")
 
 
 def bench_command(
-    config: Path = typer.Argument(Path("configs/frozenlake_tiny.yaml"), help="Run config whose model, env "
-                                  "and rollout settings are benchmarked."),
+    config: Path = typer.Argument(
+        Path("configs/frozenlake_tiny.yaml"), help="Run config whose model, env and rollout settings are benchmarked."
+    ),
     overrides: list[str] = typer.Option([], "-o", "--override", help="key=value config overrides."),
     steps: int = typer.Option(3, help="Timed update steps per side (after one warm-up step)."),
     only: list[str] = typer.Option([], "--only", help="rollout, memory and/or trl (default: all)."),

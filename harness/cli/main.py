@@ -3,6 +3,7 @@
 Bad input (a config or sweep file, an axis value, an option) is one paragraph on stderr and
 exit status 2, never a traceback; a missing component is one line and status 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import signal
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -19,11 +20,13 @@ from harness import __version__
 from harness.config.errors import ConfigError, UnavailableError
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Ablation harness for multi-turn agentic RL of language models.\n\n"
-         "Declare a base config and the axes to vary in a sweep file, run it, resume it, "
-         "and trace every number back to its config, code version and packages.",
+    "Declare a base config and the axes to vary in a sweep file, run it, resume it, "
+    "and trace every number back to its config, code version and packages.",
 )
 err = Console(stderr=True, highlight=False)
 
@@ -40,8 +43,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Ablation harness for multi-turn agentic RL of language models."""
 
 
@@ -56,8 +62,10 @@ def _sigterm_as_interrupt() -> None:
 def _print_points(sweep: Any, results: Path) -> None:
     from harness.experiments.runner import point_dir, read_status
 
-    print(f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
-          f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}")
+    print(
+        f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
+        f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}"
+    )
     if sweep.description:
         print("  " + " ".join(sweep.description.split()))
     for p in sweep.points:
@@ -73,14 +81,21 @@ def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow:
     from harness.experiments.runner import RunOptions, run_sweep
     from harness.experiments.tracking import default_tracking_uri
 
-    opts = RunOptions(results=results, mlflow_uri=None if no_mlflow else default_tracking_uri(results),
-                      retry_failed=retry_failed, workers=workers, executor=executor)
+    opts = RunOptions(
+        results=results,
+        mlflow_uri=None if no_mlflow else default_tracking_uri(results),
+        retry_failed=retry_failed,
+        workers=workers,
+        executor=executor,
+    )
     _sigterm_as_interrupt()
     result = run_sweep(sweep, opts, SweepProgress())
     c = result.counts
-    print(f"sweep {sweep.name}: {c['done']} done, {c['diverged']} diverged, {c['failed']} failed, "
-          f"{c['skipped']} skipped (finished before){', ' + str(c['busy']) + ' busy' if c['busy'] else ''}; "
-          f"results in {results / sweep.name}")
+    print(
+        f"sweep {sweep.name}: {c['done']} done, {c['diverged']} diverged, {c['failed']} failed, "
+        f"{c['skipped']} skipped (finished before){', ' + str(c['busy']) + ' busy' if c['busy'] else ''}; "
+        f"results in {results / sweep.name}"
+    )
     for pid, error in result.errors.items():
         print(f"  {pid}: {error.splitlines()[0] if error else ''}  (see {results / sweep.name / pid})")
     if result.interrupted:
@@ -96,18 +111,30 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the points (id, overrides, status) and exit."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Points run in parallel, each in its own process."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed points again (default: skip them)."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow (metrics.jsonl is always written)."),
-    results: Path = typer.Option(Path("results"), "--results", help="Results root: points go to RESULTS/<sweep>/<point>/."),
-    backend: str = typer.Option("local", "--backend", help="local (process pool) or ray (points as Ray tasks; "
-                                "pip install -e '.[dist]')."),
-    address: Optional[str] = typer.Option(None, "--address", help="--backend ray: the cluster to join "
-                                          "(default: a local Ray instance on 127.0.0.1, --workers CPUs)."),
+    no_mlflow: bool = typer.Option(
+        False, "--no-mlflow", help="Do not log to MLflow (metrics.jsonl is always written)."
+    ),
+    results: Path = typer.Option(
+        Path("results"), "--results", help="Results root: points go to RESULTS/<sweep>/<point>/."
+    ),
+    backend: str = typer.Option(
+        "local", "--backend", help="local (process pool) or ray (points as Ray tasks; pip install -e '.[dist]')."
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="--backend ray: the cluster to join (default: a local Ray instance on 127.0.0.1, --workers CPUs).",
+    ),
     retries: int = typer.Option(0, "--retries", min=0, help="--backend ray: run a failed point again up to N times."),
-    override: list[str] = typer.Option([], "--override", "-o", metavar="KEY=VALUE",
-                                       help="Set a dotted key in the base config of every point, e.g. -o "
-                                            "train.updates=1 for a smoke run (changes the point ids)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="0,1,...", help="Run these seeds instead of "
-                                        "the file's."),
+    override: list[str] = typer.Option(
+        [],
+        "--override",
+        "-o",
+        metavar="KEY=VALUE",
+        help="Set a dotted key in the base config of every point, e.g. -o "
+        "train.updates=1 for a smoke run (changes the point ids).",
+    ),
+    seeds: str | None = typer.Option(None, "--seeds", metavar="0,1,...", help="Run these seeds instead of the file's."),
 ) -> None:
     """Run (or resume) every point of a sweep file.
 
@@ -134,6 +161,7 @@ def sweep(
     executor = None
     if backend == "ray":
         from harness.experiments.ray_backend import RayExecutor
+
         executor = RayExecutor(address, retries)
     _run(swp, results, workers, retry_failed, no_mlflow, executor)
 
@@ -141,10 +169,17 @@ def sweep(
 @app.command()
 def run(
     config: Path = typer.Argument(..., help="Run config YAML file (see configs/)."),
-    override: list[str] = typer.Option([], "--override", "-o", metavar="KEY=VALUE",
-                                       help="Set a dotted config key, e.g. -o algo.clip.level=sequence (repeatable)."),
+    override: list[str] = typer.Option(
+        [],
+        "--override",
+        "-o",
+        metavar="KEY=VALUE",
+        help="Set a dotted config key, e.g. -o algo.clip.level=sequence (repeatable).",
+    ),
     out: Path = typer.Option(Path("results"), "--out", help="Results root: the run goes to OUT/<name>/<point id>/."),
-    name: Optional[str] = typer.Option(None, "--name", help="Results folder and MLflow experiment (default: config file name)."),
+    name: str | None = typer.Option(
+        None, "--name", help="Results folder and MLflow experiment (default: config file name)."
+    ),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and exit."),
 ) -> None:
@@ -181,11 +216,20 @@ def axes_markdown() -> str:
     cell = lambda text: _first_line(text).replace("|", "\\|")  # noqa: E731
     lines = []
     for key, registry in {**AXES, "context.policy": CONTEXT_POLICIES}.items():
-        lines += [f"### `{key}`: {cell(registry.doc)}", "", "| value | what it computes | source |", "| --- | --- | --- |"]
+        lines += [
+            f"### `{key}`: {cell(registry.doc)}",
+            "",
+            "| value | what it computes | source |",
+            "| --- | --- | --- |",
+        ]
         lines += [f"| `{e.name}` | {cell(e.doc)} | {cell(e.source)} |" for e in registry] + [""]
     keys = sorted({k for preset in PRESETS.values() for k in preset})
-    lines += ["### `algo.preset`: keys each preset fills (when not set)", "",
-              "| key | " + " | ".join(f"`{p}`" for p in PRESETS) + " |", "| --- |" + " --- |" * len(PRESETS)]
+    lines += [
+        "### `algo.preset`: keys each preset fills (when not set)",
+        "",
+        "| key | " + " | ".join(f"`{p}`" for p in PRESETS) + " |",
+        "| --- |" + " --- |" * len(PRESETS),
+    ]
     lines += [f"| `algo.{k}` | " + " | ".join(f"`{PRESETS[p].get(k, '-')}`" for p in PRESETS) + " |" for k in keys]
     return "\n".join(lines)
 
@@ -202,10 +246,15 @@ def write_generated_block(path: Path, text: str) -> None:
 
 @app.command()
 def axes(
-    markdown: bool = typer.Option(False, "--markdown", help="Print the registered values as the markdown "
-                                  "tables of docs/algorithms.md."),
-    write_doc: Optional[Path] = typer.Option(None, "--write-doc", metavar="FILE", help="Regenerate the "
-                                             "generated block of FILE (docs/algorithms.md) in place."),
+    markdown: bool = typer.Option(
+        False, "--markdown", help="Print the registered values as the markdown tables of docs/algorithms.md."
+    ),
+    write_doc: Path | None = typer.Option(
+        None,
+        "--write-doc",
+        metavar="FILE",
+        help="Regenerate the generated block of FILE (docs/algorithms.md) in place.",
+    ),
 ) -> None:
     """Every ablation axis with its values, one-line docs and sources.
 
@@ -232,8 +281,10 @@ def axes(
     for key, info in iter_config_fields():
         choices = literal_choices(info.annotation)
         if choices and key not in registries:
-            print(f"  {key}: {' | '.join(map(str, choices))}  (default {info.default})  "
-                  f"{_first_line(info.description or '')}")
+            print(
+                f"  {key}: {' | '.join(map(str, choices))}  (default {info.default})  "
+                f"{_first_line(info.description or '')}"
+            )
     print("\nFormulas, defaults and sources of every value: docs/algorithms.md")
 
 
@@ -249,8 +300,10 @@ def envs() -> None:
             print(f"  source: {_first_line(str(row['source']))}")
         for opt in row.get("options") or []:
             if isinstance(opt, dict):
-                print(f"  options.{opt.get('name')}: {opt.get('type', '')} = {opt.get('default')!r}  "
-                      f"{_first_line(str(opt.get('description', '')))}")
+                print(
+                    f"  options.{opt.get('name')}: {opt.get('type', '')} = {opt.get('default')!r}  "
+                    f"{_first_line(str(opt.get('description', '')))}"
+                )
         for key, value in row.items():
             if key not in ("name", "doc", "source", "options") and value not in (None, "", [], {}):
                 print(f"  {key}: {value}")
@@ -276,8 +329,10 @@ def config_docs() -> None:
             print(f"      {_first_line(info.description)}")
 
 
-# the command groups that live in their own modules
-from harness.cli import analysis as _analysis, bench as _bench, tune as _tune  # noqa: E402
+# the command groups that live in their own modules (imported after `app` exists)
+from harness.cli import analysis as _analysis  # noqa: E402
+from harness.cli import bench as _bench  # noqa: E402
+from harness.cli import tune as _tune  # noqa: E402
 
 for _group in (_analysis, _tune, _bench):
     _group.register(app)

@@ -1,4 +1,5 @@
 """Errors the harness shows to users as one paragraph, never as a traceback."""
+
 from __future__ import annotations
 
 from typing import Any

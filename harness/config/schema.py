@@ -6,13 +6,13 @@ loads, and conflicting settings are errors, all before any model is built (torch
 `load_run_config` turns every problem into one `ConfigError` naming the file, the dotted key,
 the bad value and the allowed values.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 
 # Config keys that were renamed: old dotted key -> new one. Loading a file that still uses an
 # old key fails with a message naming the new key (no silent aliases).
@@ -43,28 +43,39 @@ class TinyModelConfig(Strict):
     intermediate_size: int = F(512, "MLP width.", ge=8)
     vocab_size: int = F(1024, "Target size of the byte-level BPE tokenizer trained on environment text.", ge=300)
     max_position: int = F(2048, "Longest sequence the model accepts.", ge=64)
-    pretrain_demos: int = F(1000, "Expert episodes the tiny model is pre-trained on by supervised "
-                            "learning (cached by content hash under results/.cache, shared by all points).", ge=0)
+    pretrain_demos: int = F(
+        1000,
+        "Expert episodes the tiny model is pre-trained on by supervised "
+        "learning (cached by content hash under results/.cache, shared by all points).",
+        ge=0,
+    )
     pretrain_epochs: int = F(3, "Epochs of that pre-training.", ge=0)
     pretrain_lr: float = F(1e-3, "Learning rate of that pre-training (AdamW).", gt=0)
     pretrain_batch_size: int = F(16, "Episodes per batch of that pre-training.", ge=1)
-    init_seed: int = F(0, "Seed of the tiny model's initialisation and pre-training order; independent of "
-                       "train.seed so that every point of a sweep shares one base model.")
+    init_seed: int = F(
+        0,
+        "Seed of the tiny model's initialisation and pre-training order; independent of "
+        "train.seed so that every point of a sweep shares one base model.",
+    )
 
 
 class LoraConfig(Strict):
     r: int = F(16, "LoRA rank (Hu et al. 2021).", ge=1)
     alpha: int = F(32, "LoRA scaling numerator (scale = alpha / r).", ge=1)
     dropout: float = F(0.0, "Dropout on the LoRA branch; 0 keeps CPU runs bit-reproducible.", ge=0, lt=1)
-    target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                                  "Module names that get adapters (Qwen2 names).", min_length=1)
+    target_modules: list[str] = F(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Module names that get adapters (Qwen2 names).",
+        min_length=1,
+    )
 
 
 class ModelConfig(Strict):
     name: str = F("tiny", "'tiny' (built locally, see model.tiny), a Hugging Face id, or a local path.")
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "Parameter dtype; float32 on CPU.")
-    finetune: Literal["lora", "full"] = F("lora", "Train a LoRA adapter (reference = adapter off) or all "
-                                          "weights (reference = a frozen copy).")
+    finetune: Literal["lora", "full"] = F(
+        "lora", "Train a LoRA adapter (reference = adapter off) or all weights (reference = a frozen copy)."
+    )
     lora: LoraConfig = F(LoraConfig(), "LoRA adapter settings.")
     tiny: TinyModelConfig = F(TinyModelConfig(), "Shape and pre-training of the locally built tiny model.")
     gradient_checkpointing: bool = F(False, "Trade compute for memory in the update.")
@@ -74,30 +85,42 @@ class ModelConfig(Strict):
 class EnvConfig(Strict):
     name: str = F("frozenlake", "Environment (see `harness envs`).")
     options: dict[str, Any] = F({}, "Environment options, validated by the environment's own schema.")
-    reward_density: Literal["sparse", "dense"] = F("sparse", "sparse: outcome only; dense: score increments "
-                                                   "per turn (Practitioner's Guide, Wang et al. 2025).")
-    format_penalty: float = F(0.0, "Reward subtracted for an unparsable action (RAGEN uses a negative "
-                              "format reward).", ge=0)
+    reward_density: Literal["sparse", "dense"] = F(
+        "sparse", "sparse: outcome only; dense: score increments per turn (Practitioner's Guide, Wang et al. 2025)."
+    )
+    format_penalty: float = F(
+        0.0, "Reward subtracted for an unparsable action (RAGEN uses a negative format reward).", ge=0
+    )
     train_tasks: int = F(0, "Size of the training task pool (0 = a fresh task seed for every group).", ge=0)
     heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1)
-    workers: int = F(0, "Worker processes stepping environments (0 = in-process). Use >0 for TextWorld, "
-                     "whose interpreter can crash.", ge=0)
+    workers: int = F(
+        0,
+        "Worker processes stepping environments (0 = in-process). Use >0 for TextWorld, whose interpreter can crash.",
+        ge=0,
+    )
 
 
 # ----------------------------------------------------------------------------- turns / context
 class TurnsConfig(Strict):
     max: int = F(8, "Turn budget: an episode reaching it is truncated.", ge=1)
-    curriculum: list[int] = F([], "ScalingInter-RL budgets h_1 < ... < h_N (AgentGym-RL, Xi et al. 2025); "
-                              "empty = fixed budget turns.max.")
+    curriculum: list[int] = F(
+        [], "ScalingInter-RL budgets h_1 < ... < h_N (AgentGym-RL, Xi et al. 2025); empty = fixed budget turns.max."
+    )
     curriculum_every: int = F(80, "Updates between curriculum steps (paper: 80).", ge=1)
-    overflow_penalty: float = F(0.0, "Reward subtracted when the budget or max_new_tokens is exceeded "
-                                "(AgentRL, Zhang et al. 2025, uses 0.2).", ge=0)
-    final_turn_note: str | None = F(None, "Appended (on a new line) to the observation of the last allowed "
-                                    "turn, asking for a final answer (ScalingInter-RL). null = 'Last turn: "
-                                    "answer now.' when a curriculum is set, none otherwise; '' = never.")
+    overflow_penalty: float = F(
+        0.0,
+        "Reward subtracted when the budget or max_new_tokens is exceeded (AgentRL, Zhang et al. 2025, uses 0.2).",
+        ge=0,
+    )
+    final_turn_note: str | None = F(
+        None,
+        "Appended (on a new line) to the observation of the last allowed "
+        "turn, asking for a final answer (ScalingInter-RL). null = 'Last turn: "
+        "answer now.' when a curriculum is set, none otherwise; '' = never.",
+    )
 
     @model_validator(mode="after")
-    def _increasing(self) -> "TurnsConfig":
+    def _increasing(self) -> TurnsConfig:
         c = self.curriculum
         if any(b <= a for a, b in zip(c, c[1:])) or any(h < 1 for h in c):
             raise ValueError(f"turns.curriculum must be positive and strictly increasing, got {c}")
@@ -106,23 +129,32 @@ class TurnsConfig(Strict):
 
 class ContextConfig(Strict):
     policy: Literal["full", "window", "obs_truncate", "single"] = F(
-        "full", "What the policy sees each turn: full history; instructions + last `window` turns "
+        "full",
+        "What the policy sees each turn: full history; instructions + last `window` turns "
         "(Agent-R1); every observation cut to `obs_tokens` tokens with a [truncated] marker (AgentRL); "
-        "instructions + current observation only (verl-agent history_length 0).")
+        "instructions + current observation only (verl-agent history_length 0).",
+    )
     window: int = F(2, "Turns kept by the window policy.", ge=1)
     obs_tokens: int = F(64, "Token limit per observation for obs_truncate.", ge=1)
-    mask_observations: bool = F(True, "True (every published recipe): train only on the policy's action "
-                                "tokens. False: observation tokens are trained on too (RAGEN "
-                                "enable_response_mask=false; risks hallucinated observations).")
+    mask_observations: bool = F(
+        True,
+        "True (every published recipe): train only on the policy's action "
+        "tokens. False: observation tokens are trained on too (RAGEN "
+        "enable_response_mask=false; risks hallucinated observations).",
+    )
     layout: Literal["auto", "concatenated", "per-step"] = F(
-        "auto", "Training sequences: one per trajectory (concatenated, append-only contexts only) or one "
-        "per turn (per-step). auto = concatenated for policy full, per-step otherwise.")
+        "auto",
+        "Training sequences: one per trajectory (concatenated, append-only contexts only) or one "
+        "per turn (per-step). auto = concatenated for policy full, per-step otherwise.",
+    )
 
     @model_validator(mode="after")
-    def _layout(self) -> "ContextConfig":
+    def _layout(self) -> ContextConfig:
         if self.layout == "concatenated" and self.policy != "full":
-            raise ValueError(f"context.layout 'concatenated' needs context.policy 'full' (an append-only "
-                             f"context); policy {self.policy!r} needs layout 'per-step' or 'auto'")
+            raise ValueError(
+                f"context.layout 'concatenated' needs context.policy 'full' (an append-only "
+                f"context); policy {self.policy!r} needs layout 'per-step' or 'auto'"
+            )
         return self
 
     @property
@@ -138,13 +170,16 @@ class AdvConfig(Strict):
     norm: str = F("group", "Normalization scope: group, batch, task (AgentRL), env_std (AutoForge ERPO).")
     gamma: float = F(1.0, "Discount for gae / reinforce_pp (Practitioner's Guide best: 1.0).", ge=0, le=1)
     lam: float = F(1.0, "GAE lambda.", ge=0, le=1)
-    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = F("mean_norm", "GiGPO step-advantage normalisation "
-                                                          "(verl-agent code default: mean_norm).")
+    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = F(
+        "mean_norm", "GiGPO step-advantage normalisation (verl-agent code default: mean_norm)."
+    )
     gigpo_step_weight: float = F(1.0, "GiGPO omega, weight of the step-level advantage.", ge=0)
     gigpo_gamma: float = F(0.95, "GiGPO discount of per-turn rewards (verl-agent scripts: 0.95).", ge=0, le=1)
     gigpo_episode_stats: Literal["trajectories", "steps"] = F(
-        "trajectories", "GiGPO episode mean/std over trajectories (paper) or over step samples "
-        "(verl-agent compute_mean_std_cross_steps).")
+        "trajectories",
+        "GiGPO episode mean/std over trajectories (paper) or over step samples "
+        "(verl-agent compute_mean_std_cross_steps).",
+    )
 
 
 class ClipConfig(Strict):
@@ -158,8 +193,7 @@ class ClipConfig(Strict):
 
 class FilterConfig(Strict):
     name: str = F("none", "Group filter: none, dapo (drop zero-variance groups), ragen_top_p, ragen_top_k.")
-    top_p: float = F(0.9, "ragen_top_p: keep groups holding this share of total reward std (RAGEN-2: 0.9).",
-                     gt=0, le=1)
+    top_p: float = F(0.9, "ragen_top_p: keep groups holding this share of total reward std (RAGEN-2: 0.9).", gt=0, le=1)
     top_k: float = F(0.5, "ragen_top_k: fraction of groups kept.", gt=0, le=1)
     max_extra_rounds: int = F(0, "dapo: extra generation rounds to refill the batch (DAPO dynamic sampling).", ge=0)
 
@@ -179,11 +213,15 @@ class CriticConfig(Strict):
 
 class AlgoConfig(Strict):
     preset: Literal["ppo", "grpo", "rloo", "reinforce_pp", "custom"] = F(
-        "custom", "Fill unset algo keys from a preset made only of axis values.")
+        "custom", "Fill unset algo keys from a preset made only of axis values."
+    )
     adv: AdvConfig = F(AdvConfig(), "Advantage estimation.")
     clip: ClipConfig = F(ClipConfig(), "Policy-loss ratio and clipping.")
-    agg: str = F("token-mean", "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), "
-                 "seq-mean-token-sum, seq-mean-token-sum-norm (Dr.GRPO).")
+    agg: str = F(
+        "token-mean",
+        "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), "
+        "seq-mean-token-sum, seq-mean-token-sum-norm (Dr.GRPO).",
+    )
     agg_len: int = F(256, "T_const of seq-mean-token-sum-norm (divides by batch * agg_len, as TRL).", ge=1)
     filter: FilterConfig = F(FilterConfig(), "Dynamic filtering of groups.")
     kl: KLConfig = F(KLConfig(), "KL to the reference policy.")
@@ -203,14 +241,21 @@ class SFTConfig(Strict):
     epochs: int = F(2, "SFT epochs.", ge=1)
     lr: float = F(1e-4, "SFT learning rate.", gt=0)
     batch_size: int = F(16, "SFT batch size (episodes).", ge=1)
-    budget: int | None = F(None, "SFT/RL split (Practitioner's Guide): total budget in RL episodes; "
-                           "RL episodes = budget - demos * demo_cost. null = no split.", ge=1)
+    budget: int | None = F(
+        None,
+        "SFT/RL split (Practitioner's Guide): total budget in RL episodes; "
+        "RL episodes = budget - demos * demo_cost. null = no split.",
+        ge=1,
+    )
     demo_cost: float = F(10.0, "RL episodes one demonstration costs (guide: 10).", gt=0)
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = F("hf", "Generation backend. Only 'hf' (our batched sampler with KV "
-                                       "reuse) is implemented; 'vllm' is reserved and rejected.")
+    backend: Literal["hf", "vllm"] = F(
+        "hf",
+        "Generation backend. Only 'hf' (our batched sampler with KV "
+        "reuse) is implemented; 'vllm' is reserved and rejected.",
+    )
     group_size: int = F(8, "G rollouts per task instance (one group).", ge=1)
     tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1)
     temperature: float = F(1.0, "Sampling temperature (guide: 0.7 for PPO).", gt=0)
@@ -249,18 +294,23 @@ class RunConfig(Strict):
     tracking: TrackingConfig = F(TrackingConfig(), "Logging.")
 
     @model_validator(mode="after")
-    def _conflicts(self) -> "RunConfig":
+    def _conflicts(self) -> RunConfig:
         a = self.algo
         if a.adv.estimator == "gae" and not a.critic.enabled:
             raise ValueError("algo.adv.estimator 'gae' needs a critic: set algo.critic.enabled: true")
         if a.adv.estimator == "gae" and self.context.resolved_layout != "concatenated":
-            raise ValueError("algo.adv.estimator 'gae' needs context.layout 'concatenated' (values along "
-                             "one token stream per trajectory)")
+            raise ValueError(
+                "algo.adv.estimator 'gae' needs context.layout 'concatenated' (values along "
+                "one token stream per trajectory)"
+            )
         from algorithms.normalization import check_norm_compatible
+
         check_norm_compatible(a.adv.estimator, a.adv.norm)
         if self.sft.budget is not None and self.sft.demos * self.sft.demo_cost > self.sft.budget:
-            raise ValueError(f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
-                             f"sft.budget = {self.sft.budget}")
+            raise ValueError(
+                f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
+                f"sft.budget = {self.sft.budget}"
+            )
         if self.rollout.backend == "vllm":
             raise ValueError("rollout.backend 'vllm' is not implemented; use 'hf' (our batched sampler)")
         return self

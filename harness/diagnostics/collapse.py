@@ -16,11 +16,13 @@ Typical wiring (trainer, once per update, after the metrics dict is complete):
     if monitor.should_stop: break
     summary["collapsed_at"] = monitor.collapsed_at     # None or {"update": k, "reason": ...}
 """
+
 from __future__ import annotations
 
 import math
 import random
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 KL_KEY = "diag/kl_k3"  # per-update mean k3 KL to the reference (harness.rl.update)
 GROUP_STD_KEY = "env/group_reward_std"  # per-update mean in-group reward std (harness.diagnostics.episode_metrics)
@@ -48,8 +50,17 @@ class KLSpikeDetector:
     always a spike and is not folded in.
     """
 
-    def __init__(self, z: float = 4.0, alpha: float = 0.1, warmup: int = 5, multiple: float | None = None,
-                 min_rel_std: float = 0.05, min_kl: float = 0.2, max_kl: float = 1.0, min_std: float = 0.01):
+    def __init__(
+        self,
+        z: float = 4.0,
+        alpha: float = 0.1,
+        warmup: int = 5,
+        multiple: float | None = None,
+        min_rel_std: float = 0.05,
+        min_kl: float = 0.2,
+        max_kl: float = 1.0,
+        min_std: float = 0.01,
+    ):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"KLSpikeDetector: alpha must be in (0, 1], got {alpha}")
         if multiple is not None and multiple <= 1.0:
@@ -81,8 +92,12 @@ class KLSpikeDetector:
         self.mean += self.alpha * diff
         self.var = (1.0 - self.alpha) * (self.var + self.alpha * diff * diff)
         self.count += 1
-        return {"diag/kl_ema": baseline, "diag/kl_zscore": zscore, "diag/kl_spike": float(spike),
-                "diag/kl_blowup": blowup}
+        return {
+            "diag/kl_ema": baseline,
+            "diag/kl_zscore": zscore,
+            "diag/kl_spike": float(spike),
+            "diag/kl_blowup": blowup,
+        }
 
     def state_dict(self) -> dict[str, float]:
         return {"count": self.count, "mean": self.mean, "var": self.var}
@@ -118,8 +133,10 @@ class EchoTrapDetector:
     def reason(self) -> str | None:
         if self.fired_at is None:
             return None
-        return (f"echo_trap: in-group reward std below {self.ratio:g} x its first-{self.window_ref}-update "
-                f"mean ({self.reference:.4g}) for {self.patience} consecutive updates, at update {self.fired_at}")
+        return (
+            f"echo_trap: in-group reward std below {self.ratio:g} x its first-{self.window_ref}-update "
+            f"mean ({self.reference:.4g}) for {self.patience} consecutive updates, at update {self.fired_at}"
+        )
 
     def update(self, value: float, step: int | None = None) -> dict[str, float]:
         """Feed one update's mean in-group reward std; `step` (default: the count of values fed)
@@ -135,8 +152,11 @@ class EchoTrapDetector:
         self.low_run = self.low_run + 1 if value < self.ratio * ref else 0
         if self.fired_at is None and self.low_run >= self.patience:
             self.fired_at = step
-        return {"diag/reward_std_ratio": value / ref if ref > 0 else math.nan,
-                "diag/echo_low_run": float(self.low_run), "diag/echo_trap": float(self.fired_at is not None)}
+        return {
+            "diag/reward_std_ratio": value / ref if ref > 0 else math.nan,
+            "diag/echo_low_run": float(self.low_run),
+            "diag/echo_trap": float(self.fired_at is not None),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"seen": self.seen, "ref_sum": self.ref_sum, "low_run": self.low_run, "fired_at": self.fired_at}
@@ -165,8 +185,9 @@ class CollapseMonitor:
     REASONS = ("kl_spike", "kl_blowup", "echo_trap")
     COLLAPSE = ("kl_blowup", "echo_trap")
 
-    def __init__(self, kl: KLSpikeDetector | None = None, echo: EchoTrapDetector | None = None,
-                 stop_on: Sequence[str] = ()):
+    def __init__(
+        self, kl: KLSpikeDetector | None = None, echo: EchoTrapDetector | None = None, stop_on: Sequence[str] = ()
+    ):
         unknown = set(stop_on) - set(self.REASONS)
         if unknown:
             raise ValueError(f"CollapseMonitor: stop_on has unknown reasons {sorted(unknown)}; allowed {self.REASONS}")
@@ -215,7 +236,7 @@ def _ngrams(text: str, n: int) -> frozenset[tuple[str, ...]]:
     words = tuple(text.split())
     if len(words) < n:
         return frozenset([words]) if words else frozenset()
-    return frozenset(words[i:i + n] for i in range(len(words) - n + 1))
+    return frozenset(words[i : i + n] for i in range(len(words) - n + 1))
 
 
 def _jaccard(a: frozenset, b: frozenset) -> float:
@@ -241,8 +262,9 @@ def _cross_pairs(prompt_ids: Sequence[int], max_pairs: int, seed: int) -> list[t
     return pairs
 
 
-def cross_prompt_similarity(responses: Sequence[str], prompt_ids: Sequence[int], n: int = 2, *,
-                            max_pairs: int = 2000, seed: int = 0) -> float:
+def cross_prompt_similarity(
+    responses: Sequence[str], prompt_ids: Sequence[int], n: int = 2, *, max_pairs: int = 2000, seed: int = 0
+) -> float:
     """Mean word n-gram Jaccard overlap between responses to DIFFERENT prompts (RAGEN).
 
     Rising towards 1 = responses becoming input-agnostic (one template for every task).

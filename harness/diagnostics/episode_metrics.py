@@ -1,4 +1,5 @@
 """Metrics of a list of episodes (rollout or evaluation), reduced once per update."""
+
 from __future__ import annotations
 
 import math
@@ -20,10 +21,15 @@ def episode_metrics(episodes: list[Episode], prefix: str, markers: tuple[str, ..
     token, averaged (1 = the model no longer needs the constraint)."""
     steps = [s for ep in episodes for s in ep.steps]
     halluc = [any(m in s.action_text for m in markers) for s in steps] if markers else [False] * len(steps)
-    mass = [math.exp(r - c) for s in steps if s.unconstrained_logprobs is not None
-            for r, c in zip(s.unconstrained_logprobs, s.sampler_logprobs)]
+    mass = [
+        math.exp(r - c)
+        for s in steps
+        if s.unconstrained_logprobs is not None
+        for r, c in zip(s.unconstrained_logprobs, s.sampler_logprobs)
+    ]
     extra = {f"{prefix}/constrained_mass": _mean(mass)} if mass else {}
-    return {**extra,
+    return {
+        **extra,
         f"{prefix}/success": _mean(ep.won for ep in episodes),
         f"{prefix}/return": _mean(ep.outcome for ep in episodes),
         f"{prefix}/turns": _mean(ep.num_turns for ep in episodes),
@@ -43,12 +49,18 @@ def group_reward_stats(episodes: list[Episode]) -> dict[str, float]:
     for ep in episodes:
         groups.setdefault(ep.group, []).append(ep.outcome)
     stds = [statistics.pstdev(r) if len(r) > 1 else 0.0 for r in groups.values()]
-    return {"env/group_reward_std": _mean(stds),
-            "env/zero_var_group_frac": _mean(s == 0.0 for s in stds)}
+    return {"env/group_reward_std": _mean(stds), "env/zero_var_group_frac": _mean(s == 0.0 for s in stds)}
 
 
 def sample_rows(episodes: list[Episode], n: int) -> list[dict]:
     """The first `n` episodes as JSON rows for samples.jsonl."""
-    return [{"task_seed": ep.task_seed, "group": ep.group, "won": ep.won, "return": ep.outcome,
-             "turns": [{"observation": s.observation, "action": s.action_text, "reward": s.reward}
-                       for s in ep.steps]} for ep in episodes[:n]]
+    return [
+        {
+            "task_seed": ep.task_seed,
+            "group": ep.group,
+            "won": ep.won,
+            "return": ep.outcome,
+            "turns": [{"observation": s.observation, "action": s.action_text, "reward": s.reward} for s in ep.steps],
+        }
+        for ep in episodes[:n]
+    ]

@@ -14,10 +14,11 @@ the others (mi -> log N, retrieval -> 1). Template collapse: responses stop depe
 prompt (mi -> 0, retrieval -> chance k/N) while entropy may stay high. Run it every k updates;
 it costs N^2 forward passes of len(x) + len(z) tokens, without gradients.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -45,8 +46,7 @@ def mi_from_scores(S: torch.Tensor, k: Sequence[int] = (1, 5)) -> dict[str, floa
     N = S.shape[0]
     matched = S.diagonal()  # (N,)
     marginal = torch.logsumexp(S, dim=1) - math.log(N)  # (N,)
-    out = {"diag/mi_estimate": (matched - marginal).mean().item(), "diag/mi_log_n": math.log(N),
-           "diag/mi_n": float(N)}
+    out = {"diag/mi_estimate": (matched - marginal).mean().item(), "diag/mi_log_n": math.log(N), "diag/mi_n": float(N)}
     beaten = (S > matched[:, None]).sum(1).double()  # (N,) scores strictly above the own prompt's
     tied = (S == matched[:, None]).sum(1).double()  # (N,) includes the own prompt itself
     for kk in k:
@@ -69,9 +69,16 @@ def _validate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int
         raise ValueError(f"{where}: prompts must be distinct (one response per task); see distinct_prompt_pairs")
 
 
-def cross_logprob_matrix(model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                         batch_size: int, pad_id: int, temperature: float = 1.0,
-                         chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+def cross_logprob_matrix(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
     """S (N, N) float32 on CPU, S[a, j] = sum_t log p(z_a,t | x_j, z_a,<t) / len(z_a).
 
     The N^2 sequences concat(x_j, z_a) run `batch_size` at a time, right-padded with `pad_id`
@@ -82,26 +89,33 @@ def cross_logprob_matrix(model: nn.Module, prompts: Sequence[Sequence[int]], res
     _validate(prompts, responses)
     N = len(prompts)
     device = next(model.parameters()).device
-    pairs = sorted(((a, j) for a in range(N) for j in range(N)),
-                   key=lambda p: len(prompts[p[1]]) + len(responses[p[0]]))  # by length: little padding
+    pairs = sorted(
+        ((a, j) for a in range(N) for j in range(N)), key=lambda p: len(prompts[p[1]]) + len(responses[p[0]])
+    )  # by length: little padding
     S = torch.empty(N, N, dtype=torch.float32)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for s in range(0, len(pairs), batch_size):
-                chunk = pairs[s:s + batch_size]
+                chunk = pairs[s : s + batch_size]
                 seqs = [(list(prompts[j]), list(responses[a])) for a, j in chunk]
                 T = max(len(x) + len(z) for x, z in seqs)
                 ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)  # (B, T)
                 attn = torch.zeros(len(seqs), T, dtype=torch.long)  # (B, T)
                 resp = torch.zeros(len(seqs), T, dtype=torch.long)  # (B, T) 1 on response tokens
                 for b, (x, z) in enumerate(seqs):
-                    ids[b, :len(x) + len(z)] = torch.tensor(x + z)
-                    attn[b, :len(x) + len(z)] = 1
-                    resp[b, len(x):len(x) + len(z)] = 1
-                lp, _ = token_logprobs(model, ids.to(device), attn.to(device), temperature=temperature,
-                                       chunk_size=chunk_size, token_mask=resp.to(device))  # (B, T)
+                    ids[b, : len(x) + len(z)] = torch.tensor(x + z)
+                    attn[b, : len(x) + len(z)] = 1
+                    resp[b, len(x) : len(x) + len(z)] = 1
+                lp, _ = token_logprobs(
+                    model,
+                    ids.to(device),
+                    attn.to(device),
+                    temperature=temperature,
+                    chunk_size=chunk_size,
+                    token_mask=resp.to(device),
+                )  # (B, T)
                 scores = (lp.float().sum(1).cpu() / resp.sum(1)).tolist()  # (B,)
                 for (a, j), v in zip(chunk, scores):
                     S[a, j] = v
@@ -110,22 +124,32 @@ def cross_logprob_matrix(model: nn.Module, prompts: Sequence[Sequence[int]], res
     return S
 
 
-def mi_proxy(model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-             batch_size: int, pad_id: int, temperature: float = 1.0, k: Sequence[int] = (1, 5),
-             chunk_size: int = DEFAULT_CHUNK) -> dict[str, float]:
+def mi_proxy(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    k: Sequence[int] = (1, 5),
+    chunk_size: int = DEFAULT_CHUNK,
+) -> dict[str, float]:
     """The MI proxy of `model` on N distinct prompts (token id lists) and their own responses.
 
     responses[a] answered prompts[a]. See `cross_logprob_matrix` (batching, memory) and
     `mi_from_scores` (the metrics and their keys). `temperature`: the sampler's, so scores use
     the distribution the responses were drawn from.
     """
-    S = cross_logprob_matrix(model, prompts, responses, batch_size=batch_size, pad_id=pad_id,
-                             temperature=temperature, chunk_size=chunk_size)
+    S = cross_logprob_matrix(
+        model, prompts, responses, batch_size=batch_size, pad_id=pad_id, temperature=temperature, chunk_size=chunk_size
+    )
     return mi_from_scores(S, k)
 
 
-def distinct_prompt_pairs(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                          max_n: int) -> tuple[list[list[int]], list[list[int]]]:
+def distinct_prompt_pairs(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_n: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """The first non-empty response of each distinct prompt, at most `max_n` pairs, in order.
 
     A GRPO batch holds G responses per prompt; the MI proxy wants one per distinct prompt.

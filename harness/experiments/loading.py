@@ -9,23 +9,25 @@ of `algorithms.AXES`, `env.name` against `envs.ENVS` and `env.options` against t
 environment's own `Options` model. Each message names the file, the dotted key, the bad value
 and the allowed values (with the closest valid name when there is one).
 """
+
 from __future__ import annotations
 
 import copy
 import difflib
 import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from harness.config.schema import RENAMED_KEYS, RunConfig
 from algorithms import AXES, PRESETS, Registry
 from envs import ENVS
 from envs.registry import env_class
 from harness.config.errors import ConfigError
+from harness.config.schema import RENAMED_KEYS, RunConfig
 
 MISSING = object()
 
@@ -42,7 +44,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         if key in seen:
             mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice in one mapping (first on line {seen[key].line + 1})", mark)
+                None, None, f"key {key!r} appears twice in one mapping (first on line {seen[key].line + 1})", mark
+            )
         seen[key] = key_node.start_mark
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -103,8 +106,7 @@ def set_dotted(tree: dict, key: str, value: Any, source: str = "") -> None:
             child = node[part] = {}
         if not isinstance(child, dict):
             where = f"{source}: " if source else ""
-            raise ConfigError(f"{where}cannot set {key!r}: {'.'.join(parts[:i + 1])!r} is "
-                              f"{child!r}, not a mapping")
+            raise ConfigError(f"{where}cannot set {key!r}: {'.'.join(parts[: i + 1])!r} is {child!r}, not a mapping")
         node = child
     node[parts[-1]] = copy.deepcopy(value)
 
@@ -187,8 +189,10 @@ def _origin_note(key: str, origins: Mapping[str, str]) -> str:
 
 
 def choice_message(key: str, value: Any, choices: list[str]) -> str:
-    return (f"{key} = {show_value(value)} is not a valid choice; choose one of: "
-            f"{', '.join(map(str, choices))}.{_suggest(value, choices)}")
+    return (
+        f"{key} = {show_value(value)} is not a valid choice; choose one of: "
+        f"{', '.join(map(str, choices))}.{_suggest(value, choices)}"
+    )
 
 
 def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) -> str:
@@ -204,8 +208,7 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
         near = _suggest(loc[-1], valid)
         if near and "." in key:
             near = near.replace("'", f"'{key.rpartition('.')[0]}.", 1)
-        return (f"unknown key {key!r}.{near} Valid keys under {level}: "
-                f"{', '.join(valid)}.")
+        return f"unknown key {key!r}.{near} Valid keys under {level}: {', '.join(valid)}."
     field = _field_at(root, loc)
     choices = literal_choices(field.annotation) if field is not None else None
     if kind == "literal_error" and choices:
@@ -223,8 +226,9 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
     return f"{key} = {show_value(value)}: {msg}."
 
 
-def validation_lines(err: ValidationError, root: type[BaseModel] = RunConfig, prefix: str = "",
-                     origins: Mapping[str, str] | None = None) -> list[str]:
+def validation_lines(
+    err: ValidationError, root: type[BaseModel] = RunConfig, prefix: str = "", origins: Mapping[str, str] | None = None
+) -> list[str]:
     """One line per problem pydantic found, each naming the dotted key and the allowed values."""
     lines = []
     for e in err.errors(include_url=False):
@@ -253,8 +257,9 @@ def apply_preset(raw: dict, source: str) -> None:
     table = PRESETS
     if name not in table:
         allowed = typing.get_args(RunConfig.model_fields["algo"].annotation.model_fields["preset"].annotation)
-        raise ConfigError(f"{source}: " + choice_message("algo.preset", name, [c for c in allowed if c in table
-                                                                                   or c == "custom"]))
+        raise ConfigError(
+            f"{source}: " + choice_message("algo.preset", name, [c for c in allowed if c in table or c == "custom"])
+        )
     for key, value in table[name].items():
         key = key if key.startswith("algo.") else f"algo.{key}"
         if get_dotted(raw, key) is MISSING:
@@ -274,8 +279,10 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
     try:
         options_model = env_class(cfg.env.name).Options
     except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
-        problems.append(choice_message("env.name", cfg.env.name, getattr(e, "choices", ENVS.names()))
-                        + _origin_note("env.name", origins))
+        problems.append(
+            choice_message("env.name", cfg.env.name, getattr(e, "choices", ENVS.names()))
+            + _origin_note("env.name", origins)
+        )
     else:
         try:
             options = options_model.model_validate(cfg.env.options)
@@ -294,8 +301,10 @@ def validate_run_config(raw: Any, source: str, origins: Mapping[str, str] | None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of config sections ({', '.join(RunConfig.model_fields)}) "
-                          f"at the top level, got {type(raw).__name__} {show_value(raw)}")
+        raise ConfigError(
+            f"{source}: expected a mapping of config sections ({', '.join(RunConfig.model_fields)}) "
+            f"at the top level, got {type(raw).__name__} {show_value(raw)}"
+        )
     raw = copy.deepcopy(raw)
     apply_preset(raw, source)
     try:

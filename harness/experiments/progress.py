@@ -5,6 +5,7 @@ The runner calls begin / point_start / point_update / point_end / end from the m
 `point_update` receives the dict the trainer passes to its `progress` callback
 (`{"update": k, "updates": n, "success": ...}`; extra keys are ignored).
 """
+
 from __future__ import annotations
 
 import threading
@@ -50,7 +51,7 @@ class SweepProgress:
         self.console = console or Console()
         self.plain_every_s = plain_every_s
         self.name, self.total, self.done, self.failed, self.diverged, self.workers = "", 0, 0, 0, 0, 1
-        self.pending_updates = 0          # updates of points not started yet
+        self.pending_updates = 0  # updates of points not started yet
         self.sec_per_update: float | None = None
         self.running: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -62,11 +63,12 @@ class SweepProgress:
         self.name, self.total, self.done, self.workers = name, total, finished, max(1, workers)
         self.pending_updates = sum(to_run_updates)
         if self.plain:
-            self._say(f"sweep {name}: {total} points, {finished} already finished, "
-                      f"{len(to_run_updates)} to run (workers={self.workers})")
+            self._say(
+                f"sweep {name}: {total} points, {finished} already finished, "
+                f"{len(to_run_updates)} to run (workers={self.workers})"
+            )
         else:
-            self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4,
-                              transient=False)
+            self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4, transient=False)
             self._live.start()
 
     def point_start(self, point_id: str, updates: int) -> None:
@@ -137,14 +139,18 @@ class SweepProgress:
     def render(self) -> Group:
         with self._lock:
             head = Table.grid(padding=(0, 1))
-            head.add_row(Text(self.name, style="bold"),
-                         ProgressBar(total=max(1, self.total), completed=self._finished, width=30),
-                         Text(f"{self._finished}/{self.total} points"),
-                         Text(f"failed {self.failed}  diverged {self.diverged}" if self.failed or self.diverged else ""),
-                         Text(f"eta {format_seconds(self.eta())}"))
+            head.add_row(
+                Text(self.name, style="bold"),
+                ProgressBar(total=max(1, self.total), completed=self._finished, width=30),
+                Text(f"{self._finished}/{self.total} points"),
+                Text(f"failed {self.failed}  diverged {self.diverged}" if self.failed or self.diverged else ""),
+                Text(f"eta {format_seconds(self.eta())}"),
+            )
             rows = Table.grid(padding=(0, 2))
             for pid, run in self.running.items():
-                rows.add_row(Text(f"  {pid}", style="cyan"),
-                             ProgressBar(total=max(1, run.updates), completed=run.update, width=20),
-                             Text(self._point_text(run)))
+                rows.add_row(
+                    Text(f"  {pid}", style="cyan"),
+                    ProgressBar(total=max(1, run.updates), completed=run.update, width=20),
+                    Text(self._point_text(run)),
+                )
         return Group(head, rows)

@@ -1,4 +1,5 @@
 """Where a number came from: code version (git commit + dirty flag), package versions, config hash."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,21 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Packages whose versions can change a result; recorded in every summary.json.
-TRACKED_PACKAGES = ("harness", "torch", "transformers", "peft", "trl", "numpy", "textworld", "alfworld",
-                    "gymnasium", "pydantic", "mlflow", "vllm", "ray")
+TRACKED_PACKAGES = (
+    "harness",
+    "torch",
+    "transformers",
+    "peft",
+    "trl",
+    "numpy",
+    "textworld",
+    "alfworld",
+    "gymnasium",
+    "pydantic",
+    "mlflow",
+    "vllm",
+    "ray",
+)
 
 
 def canonical_json(obj: Any) -> str:
@@ -32,8 +46,9 @@ def config_hash(config: Any, length: int = 8) -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                             timeout=20, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout
@@ -72,5 +87,9 @@ def package_versions() -> dict[str, str | None]:
 
 def environment() -> dict[str, Any]:
     """Everything above plus the machine, for summary.json."""
-    return {"code_version": code_version(), "packages": package_versions(),
-            "platform": platform.platform(), "host": platform.node()}
+    return {
+        "code_version": code_version(),
+        "packages": package_versions(),
+        "platform": platform.platform(),
+        "host": platform.node(),
+    }

@@ -12,8 +12,9 @@ A point asking for more than the whole cluster has is an error before anything i
 Without --address, a local Ray instance is started for the sweep and stopped after it: bound to
 127.0.0.1 only (Ray's local-only mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), no dashboard, no usage
 stats, max(--workers, the largest num_cpus of a point) logical CPUs. With --address the driver
-connects to a running cluster (in local-only mode too when ADDR is 127.0.0.1 / localhost) (`ray start --head` ...); every node then needs this project
-installed and the results folder at the same path (a shared filesystem). When
+connects to a running cluster (in local-only mode too when ADDR is 127.0.0.1 / localhost)
+(`ray start --head` ...); every node then needs this project installed and the results folder at
+the same path (a shared filesystem). When
 ~/.ray/auth_token exists and RAY_AUTH_MODE is unset, the driver uses token authentication, which
 `ray start` turns on by default.
 
@@ -22,6 +23,7 @@ worker process dies (Ray's max_retries and retry_exceptions); it resumes from it
 The driver's HARNESS_*, MLFLOW_*, HF_*, TRANSFORMERS_* variables and PYTHONPATH are set in the
 tasks. Ctrl-C cancels the running tasks; their points keep status `running` and resume next time.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,7 +39,7 @@ from harness.experiments.sweep import Point
 from harness.experiments.tracking import atomic_write_text
 
 FORWARD_PREFIXES = ("HARNESS_", "MLFLOW_", "HF_", "TRANSFORMERS_")
-LOCAL_OBJECT_STORE_BYTES = 256 * 1024 ** 2
+LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 
 
 class PointFailedError(RuntimeError):
@@ -62,10 +64,13 @@ def import_ray(local: bool, joining: bool = False) -> Any:
     try:
         import ray
     except ImportError as e:
-        raise UnavailableError(f"--backend ray needs the `ray` package ({e}); install the extra: "
-                               f"pip install -e '.[dist]' (or pip install ray), or use --backend local") from None
+        raise UnavailableError(
+            f"--backend ray needs the `ray` package ({e}); install the extra: "
+            f"pip install -e '.[dist]' (or pip install ray), or use --backend local"
+        ) from None
     if local and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
         from ray._private import ray_constants  # imported before we set the variable: same effect
+
         ray_constants.ENABLE_RAY_CLUSTER = False
     return ray
 
@@ -122,16 +127,25 @@ class RayExecutor:
         try:
             if self.address is None:
                 cpus = max([opts.workers] + [point_resources(p.config, 0)["num_cpus"] for p in todo])
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
-                         object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+                ray.init(
+                    address="local",
+                    num_cpus=cpus,
+                    include_dashboard=False,
+                    logging_level="WARNING",
+                    object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                )
             else:
                 ray.init(address=self.address, logging_level="WARNING")
         except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, auth errors
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
             auth = "InvalidAuthToken" in f"{e} {e.__cause__} {e.__context__}"
-            hint = ("; the cluster wants its authentication token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
-                    "(or RAY_AUTH_TOKEN_PATH)" if auth else "")
+            hint = (
+                "; the cluster wants its authentication token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+                "(or RAY_AUTH_TOKEN_PATH)"
+                if auth
+                else ""
+            )
             raise UnavailableError(f"cannot start or reach {where}: {type(e).__name__}: {first}{hint}") from None
         if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_sigterm)
@@ -145,8 +159,13 @@ class RayExecutor:
 
     def _submit(self, ray: Any, sweep: str, todo: list[Point], opts: RunOptions, queue: Any) -> dict:
         total = ray.cluster_resources()
-        child = RunOptions(results=Path(opts.results).resolve(), mlflow_uri=opts.mlflow_uri,
-                           train_fn=_spec_string(opts.train_fn), env_info=opts.env_info, tags=dict(opts.tags))
+        child = RunOptions(
+            results=Path(opts.results).resolve(),
+            mlflow_uri=opts.mlflow_uri,
+            train_fn=_spec_string(opts.train_fn),
+            env_info=opts.env_info,
+            tags=dict(opts.tags),
+        )
         asks = {p.id: point_resources(p.config, total.get("GPU", 0)) for p in todo}
         for p in todo:
             need = asks[p.id]
@@ -154,11 +173,16 @@ class RayExecutor:
                 raise UnavailableError(
                     f"point {p.id} asks for {need['num_cpus']} CPU(s) (train.threads) and {need['num_gpus']} GPU(s) "
                     f"(train.device {p.config.train.device!r}); the Ray cluster has {total.get('CPU', 0):g} CPU(s) and "
-                    f"{total.get('GPU', 0):g} GPU(s). Lower train.threads / set train.device, or add nodes.")
+                    f"{total.get('GPU', 0):g} GPU(s). Lower train.threads / set train.device, or add nodes."
+                )
         task, env = ray.remote(run_point_task), self._env()
         retry = [PointFailedError] if self.retries else False
-        return {task.options(**asks[p.id], max_retries=self.retries, retry_exceptions=retry,
-                             name=f"harness:{p.id}").remote(p, sweep, child, env, queue): p for p in todo}
+        return {
+            task.options(**asks[p.id], max_retries=self.retries, retry_exceptions=retry, name=f"harness:{p.id}").remote(
+                p, sweep, child, env, queue
+            ): p
+            for p in todo
+        }
 
     def _run(self, ray: Any, sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: Any) -> None:
         from ray.util.queue import Queue
@@ -189,8 +213,9 @@ class RayExecutor:
             elif kind == "update":
                 progress.point_update(pid, info)
 
-    def _finish(self, ray: Any, ref: Any, point: Point, sweep: str, opts: RunOptions, progress: Any,
-                result: Any) -> None:
+    def _finish(
+        self, ray: Any, ref: Any, point: Point, sweep: str, opts: RunOptions, progress: Any, result: Any
+    ) -> None:
         from ray.exceptions import RayError, TaskCancelledError
 
         try:

@@ -18,6 +18,7 @@ pool (harness.experiments.ray_backend); `RunOptions.tags` are added to the MLflo
 Testing hook: the environment variable HARNESS_TRAIN_FN="module:function" replaces
 `harness.rl.trainer:train` (same signature), e.g. a small deterministic fake trainer in tests.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -28,21 +29,34 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from harness.config.errors import Diverged, UnavailableError
 from harness.experiments.loading import dump_config, flatten
 from harness.experiments.provenance import environment
 from harness.experiments.sweep import Point, Sweep
-from harness.experiments.tracking import (RunLogger, append_jsonl, atomic_write_json, atomic_write_text, ensure_experiment,
-                              read_jsonl)
+from harness.experiments.tracking import (
+    RunLogger,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    ensure_experiment,
+    read_jsonl,
+)
 
-STATUS, SUMMARY, CONFIG, TRACEBACK, EVENTS, LOCK = "status", "summary.json", "config.yaml", "traceback.txt", \
-    "events.jsonl", ".lock"
+STATUS, SUMMARY, CONFIG, TRACEBACK, EVENTS, LOCK = (
+    "status",
+    "summary.json",
+    "config.yaml",
+    "traceback.txt",
+    "events.jsonl",
+    ".lock",
+)
 FINISHED = ("done", "diverged")
 DEFAULT_TRAIN_FN = "harness.rl.trainer:train"
 TrainFn = Callable[..., dict]
@@ -51,8 +65,8 @@ TrainFn = Callable[..., dict]
 @dataclass
 class RunOptions:
     results: Path = Path("results")
-    mlflow_uri: str | None = None            # None: MLflow off
-    train_fn: str | TrainFn | None = None    # None: $HARNESS_TRAIN_FN or harness.rl.trainer:train
+    mlflow_uri: str | None = None  # None: MLflow off
+    train_fn: str | TrainFn | None = None  # None: $HARNESS_TRAIN_FN or harness.rl.trainer:train
     retry_failed: bool = False
     workers: int = 1
     env_info: dict[str, Any] = field(default_factory=dict)  # provenance, computed once per sweep
@@ -62,7 +76,7 @@ class RunOptions:
 
 # ----------------------------------------------------------------------------- helpers
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def train_fn_spec(train_fn: str | TrainFn | None) -> str | TrainFn:
@@ -131,24 +145,47 @@ def _point_lock(run_dir: Path) -> Iterator[bool]:
 
 
 # ----------------------------------------------------------------------------- one point
-def _summary(point: Point, sweep: str, status: str, metrics: dict, error: str | None, started: str,
-             wall_s: float, run_dir: Path, env_info: dict) -> dict[str, Any]:
+def _summary(
+    point: Point,
+    sweep: str,
+    status: str,
+    metrics: dict,
+    error: str | None,
+    started: str,
+    wall_s: float,
+    run_dir: Path,
+    env_info: dict,
+) -> dict[str, Any]:
     events = read_jsonl(run_dir / EVENTS)
     starts = [e for e in events if e.get("event") == "start"]
     rows = read_jsonl(run_dir / "metrics.jsonl")
     return {
-        "point_id": point.id, "sweep": sweep, "variant": point.variant, "label": point.label,
-        "seed": point.seed, "overrides": point.overrides, "is_baseline": point.is_baseline,
-        "status": status, "error": error, "metrics": metrics, "updates_logged": len(rows),
+        "point_id": point.id,
+        "sweep": sweep,
+        "variant": point.variant,
+        "label": point.label,
+        "seed": point.seed,
+        "overrides": point.overrides,
+        "is_baseline": point.is_baseline,
+        "status": status,
+        "error": error,
+        "metrics": metrics,
+        "updates_logged": len(rows),
         "config_hash": point.config_hash,
-        "timings": {"first_started_at": starts[0]["time"] if starts else started, "started_at": started,
-                    "finished_at": now_iso(), "wall_s": round(wall_s, 3), "attempts": len(starts)},
+        "timings": {
+            "first_started_at": starts[0]["time"] if starts else started,
+            "started_at": started,
+            "finished_at": now_iso(),
+            "wall_s": round(wall_s, 3),
+            "attempts": len(starts),
+        },
         **(env_info or environment()),
     }
 
 
-def run_point(point: Point, sweep: str, opts: RunOptions,
-              progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def run_point(
+    point: Point, sweep: str, opts: RunOptions, progress: Callable[[dict], None] | None = None
+) -> dict[str, Any]:
     """Run (or resume) one point in this process; returns {"status", "wall_s", "error"}.
 
     KeyboardInterrupt propagates after the point is left resumable (status stays `running`)."""
@@ -165,14 +202,22 @@ def run_point(point: Point, sweep: str, opts: RunOptions,
         atomic_write_text(run_dir / CONFIG, dump_config(point.config))
         atomic_write_text(run_dir / STATUS, "running\n")
         (run_dir / TRACEBACK).unlink(missing_ok=True)
-        append_jsonl(run_dir / EVENTS, [{"event": "start", "time": started, "pid": os.getpid(),
-                                         "resume": (run_dir / "checkpoint").exists()}])
+        append_jsonl(
+            run_dir / EVENTS,
+            [{"event": "start", "time": started, "pid": os.getpid(), "resume": (run_dir / "checkpoint").exists()}],
+        )
         logger, metrics, error, diverged = None, {}, None, (Diverged,)
         try:
             train = resolve_train_fn(opts.train_fn)
             diverged = _diverged_types(train)
-            tags = {"point_id": point.id, "sweep": sweep, "variant": point.variant,
-                    "config_hash": point.config_hash, "seed": str(point.seed), **opts.tags}
+            tags = {
+                "point_id": point.id,
+                "sweep": sweep,
+                "variant": point.variant,
+                "config_hash": point.config_hash,
+                "seed": str(point.seed),
+                **opts.tags,
+            }
             uri = opts.mlflow_uri if point.config.tracking.mlflow else None
             logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
             logger.log_params(flatten(point.config.model_dump(mode="json")))
@@ -193,8 +238,9 @@ def run_point(point: Point, sweep: str, opts: RunOptions,
                 status, error = "failed", f"{type(e).__name__}: {e}"
                 atomic_write_text(run_dir / TRACEBACK, traceback.format_exc())
         wall = time.monotonic() - t0
-        atomic_write_json(run_dir / SUMMARY, _summary(point, sweep, status, metrics, error, started, wall,
-                                                      run_dir, opts.env_info))
+        atomic_write_json(
+            run_dir / SUMMARY, _summary(point, sweep, status, metrics, error, started, wall, run_dir, opts.env_info)
+        )
         if logger is not None:
             logger.close(status)
         append_jsonl(run_dir / EVENTS, [{"event": "end", "time": now_iso(), "status": status}])
@@ -244,8 +290,9 @@ def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResu
     todo = [p for p, action in planned if action == "run"]
     counts = {"done": 0, "diverged": 0, "failed": 0, "skipped": len(planned) - len(todo), "busy": 0}
     if progress is not None:
-        progress.begin(sweep.name, len(planned), counts["skipped"], [p.config.train.updates for p in todo],
-                       opts.workers)
+        progress.begin(
+            sweep.name, len(planned), counts["skipped"], [p.config.train.updates for p in todo], opts.workers
+        )
     result = SweepResult(counts)
     try:
         runner = opts.executor or (_run_sequential if opts.workers <= 1 else _run_parallel)
@@ -308,8 +355,9 @@ def _mark_crashed(sweep: str, point: Point, opts: RunOptions, exitcode: int | No
 def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: SweepResult) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    child_opts = RunOptions(opts.results, opts.mlflow_uri, _spec_string(opts.train_fn), opts.retry_failed, 1,
-                            opts.env_info)
+    child_opts = RunOptions(
+        opts.results, opts.mlflow_uri, _spec_string(opts.train_fn), opts.retry_failed, 1, opts.env_info
+    )
     pending, active, ended = list(todo), {}, {}
     by_id = {p.id: p for p in todo}
 
@@ -330,8 +378,9 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
                     while pid not in ended:
                         handle(q.get(timeout=0.5))
                 except queue_mod.Empty:
-                    ended[pid] = ({"status": "interrupted"} if stopping
-                                  else _mark_crashed(sweep, by_id[pid], opts, proc.exitcode))
+                    ended[pid] = (
+                        {"status": "interrupted"} if stopping else _mark_crashed(sweep, by_id[pid], opts, proc.exitcode)
+                    )
             del active[pid]
             res = ended.pop(pid)
             if res["status"] == "interrupted":

@@ -21,12 +21,12 @@ metric at every evaluation, at step = update (+ (updates + 1) x the seed's index
 the same thing in every trial). The space is checked before anything runs: each bound and choice
 goes through the normal config loader, so an unknown key or an invalid value is a ConfigError.
 """
+
 from __future__ import annotations
 
 import difflib
 import inspect
 import math
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,12 +34,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.config.errors import ConfigError
-from harness.experiments.loading import (apply_overrides, error_paragraph, flatten, iter_config_fields, read_yaml, show_value,
-                             validate_run_config, validation_lines)
+from harness.experiments.loading import (
+    apply_overrides,
+    error_paragraph,
+    flatten,
+    iter_config_fields,
+    read_yaml,
+    show_value,
+    validate_run_config,
+    validation_lines,
+)
 from harness.experiments.provenance import config_hash
 from harness.experiments.sweep import SEED_KEY, Point, point_id, variant_slug
 
-Scalar = typing.Union[None, bool, int, float, str]
+Scalar = None | bool | int | float | str
 
 
 class ParamSpec(BaseModel):
@@ -84,15 +92,19 @@ class StudySpec(BaseModel):
     space: dict[str, ParamSpec] = Field(min_length=1, description="Dotted config key -> distribution.")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="What to optimise.")
     sampler: NamedSpec = Field(default_factory=lambda: NamedSpec(name="tpe", seed=0), description="tpe | random.")
-    pruner: NamedSpec = Field(default_factory=lambda: NamedSpec(name="median"),
-                              description="median | successive_halving | none.")
+    pruner: NamedSpec = Field(
+        default_factory=lambda: NamedSpec(name="median"), description="median | successive_halving | none."
+    )
     n_trials: int = Field(10, ge=1, description="Finished (complete + pruned) trials the study aims at.")
     seeds: list[int] = Field([0], min_length=1, description="Seeds of every trial; the objective is their mean.")
-    heartbeat_s: int = Field(30, ge=1, description="Optuna heartbeat: a trial silent for 2x this is stale "
-                             "(its worker died) and is queued again.")
+    heartbeat_s: int = Field(
+        30,
+        ge=1,
+        description="Optuna heartbeat: a trial silent for 2x this is stale (its worker died) and is queued again.",
+    )
 
     @model_validator(mode="after")
-    def _distinct_seeds(self) -> "StudySpec":
+    def _distinct_seeds(self) -> StudySpec:
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds {self.seeds} contain duplicates")
         return self
@@ -113,8 +125,11 @@ class TuneStudy:
         out = []
         for seed in self.spec.seeds:
             source = f"{self.path} ({what}, seed {seed})"
-            cfg = validate_run_config(apply_overrides(self.base, {**overrides, SEED_KEY: seed}, source), source,
-                                      {k: "the search space" for k in overrides})
+            cfg = validate_run_config(
+                apply_overrides(self.base, {**overrides, SEED_KEY: seed}, source),
+                source,
+                {k: "the search space" for k in overrides},
+            )
             chash = config_hash(cfg)
             slug = variant_slug(overrides, None)
             out.append(Point(point_id(slug, seed, chash), slug, None, seed, dict(overrides), cfg, chash))
@@ -145,8 +160,9 @@ def load_study(path: str | Path) -> TuneStudy:
     path = Path(path)
     raw = read_yaml(path, what="study")
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a study file is a mapping with keys {', '.join(StudySpec.model_fields)}; "
-                          f"got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path}: a study file is a mapping with keys {', '.join(StudySpec.model_fields)}; got {type(raw).__name__}"
+        )
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
@@ -238,8 +254,9 @@ def _construct(cls: type, options: dict[str, Any], where: str, src: Path, build:
     params = [n for n in inspect.signature(cls).parameters if n != "self"]
     unknown = [k for k in options if k not in params]
     if unknown:
-        raise ConfigError(f"{src}: {where}: unknown option {unknown[0]!r} for {cls.__name__}; "
-                          f"valid options: {', '.join(params)}.")
+        raise ConfigError(
+            f"{src}: {where}: unknown option {unknown[0]!r} for {cls.__name__}; valid options: {', '.join(params)}."
+        )
     try:
         return (build or cls)(**options)
     except (TypeError, ValueError) as e:
@@ -274,8 +291,9 @@ def make_sampler(study: TuneStudy) -> Any:
     s = study.spec.sampler
     classes = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
     if s.name not in classes:
-        raise ConfigError(f"{study.path}: sampler.name = {s.name!r} is not a valid choice; choose one of: "
-                          f"{', '.join(SAMPLERS)}.")
+        raise ConfigError(
+            f"{study.path}: sampler.name = {s.name!r} is not a valid choice; choose one of: {', '.join(SAMPLERS)}."
+        )
     cls = classes[s.name]
     return _construct(cls, {"seed": 0, **s.options()}, "sampler", study.path, build=_reseeded(cls))
 
@@ -284,23 +302,31 @@ def make_pruner(study: TuneStudy) -> Any:
     import optuna
 
     p = study.spec.pruner
-    classes = {"median": optuna.pruners.MedianPruner, "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-               "none": optuna.pruners.NopPruner}
+    classes = {
+        "median": optuna.pruners.MedianPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "none": optuna.pruners.NopPruner,
+    }
     if p.name not in classes:
-        raise ConfigError(f"{study.path}: pruner.name = {p.name!r} is not a valid choice; choose one of: "
-                          f"{', '.join(PRUNERS)}.")
+        raise ConfigError(
+            f"{study.path}: pruner.name = {p.name!r} is not a valid choice; choose one of: {', '.join(PRUNERS)}."
+        )
     return _construct(classes[p.name], p.options(), "pruner", study.path)
 
 
 # ----------------------------------------------------------------------------- objective values
 def objective_value(rows: list[dict], spec: ObjectiveSpec, where: str) -> float:
     """The objective from one point's metrics.jsonl rows (see the module doc)."""
-    evals = [(r.get("update", 0), float(r[spec.metric])) for r in rows
-             if isinstance(r.get(spec.metric), (int, float)) and not math.isnan(float(r[spec.metric]))]
+    evals = [
+        (r.get("update", 0), float(r[spec.metric]))
+        for r in rows
+        if isinstance(r.get(spec.metric), (int, float)) and not math.isnan(float(r[spec.metric]))
+    ]
     if not evals:
         known = sorted({k for r in rows for k in r if k.startswith("eval_")}) or sorted({k for r in rows for k in r})
-        raise ConfigError(f"objective.metric {spec.metric!r} is not in {where}/metrics.jsonl; metrics there: "
-                          f"{', '.join(known[:40])}.")
+        raise ConfigError(
+            f"objective.metric {spec.metric!r} is not in {where}/metrics.jsonl; metrics there: {', '.join(known[:40])}."
+        )
     if spec.at == "final":
         return evals[-1][1]
     trained = [v for u, v in evals if u > 0] or [v for _, v in evals]

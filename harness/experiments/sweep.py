@@ -20,6 +20,7 @@ Axis isolation: a point may differ from the baseline (same seed) only in declare
 else is an error. Keys an `algo.preset` fills count as changes: a point that switches presets
 must also list the keys the preset changes.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -30,10 +31,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.config.schema import RunConfig
 from harness.config.errors import ConfigError
-from harness.experiments.loading import (error_paragraph, show_value, apply_overrides, covers, flatten, get_dotted, read_yaml,
-                             validate_run_config, validation_lines)
+from harness.config.schema import RunConfig
+from harness.experiments.loading import (
+    apply_overrides,
+    covers,
+    error_paragraph,
+    flatten,
+    get_dotted,
+    read_yaml,
+    show_value,
+    validate_run_config,
+    validation_lines,
+)
 from harness.experiments.provenance import config_hash
 
 SEED_KEY = "train.seed"
@@ -45,16 +55,20 @@ class SweepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                      description="Sweep name: the results folder and the MLflow experiment.")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Sweep name: the results folder and the MLflow experiment."
+    )
     description: str = Field("", description="What question the sweep answers.")
-    base: dict[str, Any] | str = Field(default_factory=dict,
-                                       description="Base config: inline mapping or a path relative to the sweep file.")
+    base: dict[str, Any] | str = Field(
+        default_factory=dict, description="Base config: inline mapping or a path relative to the sweep file."
+    )
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values (cartesian).")
-    zip: list[dict[str, list[Any]]] = Field(default_factory=list,
-                                            description="Groups of dotted keys -> equal-length lists, varied together.")
-    points: list[dict[str, Any]] = Field(default_factory=list,
-                                         description="Explicit override mappings, each with an optional label.")
+    zip: list[dict[str, list[Any]]] = Field(
+        default_factory=list, description="Groups of dotted keys -> equal-length lists, varied together."
+    )
+    points: list[dict[str, Any]] = Field(
+        default_factory=list, description="Explicit override mappings, each with an optional label."
+    )
     seeds: list[int] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
     baseline: dict[str, Any] | str | None = Field(None, description="Reference variant: a label or overrides.")
 
@@ -62,10 +76,10 @@ class SweepSpec(BaseModel):
 @dataclass(frozen=True)
 class Point:
     id: str
-    variant: str                 # slug without the seed; equal across seeds of one variant
+    variant: str  # slug without the seed; equal across seeds of one variant
     label: str | None
     seed: int
-    overrides: dict[str, Any]    # dotted key -> value, without the seed
+    overrides: dict[str, Any]  # dotted key -> value, without the seed
     config: RunConfig
     config_hash: str
     is_baseline: bool = False
@@ -77,7 +91,7 @@ class Sweep:
     description: str
     path: Path | None
     axes: list[str]
-    baseline: str                # the baseline's variant slug
+    baseline: str  # the baseline's variant slug
     seeds: list[int]
     points: list[Point] = field(default_factory=list)
 
@@ -88,14 +102,32 @@ class Sweep:
         ref = next(p for p in self.points if p.variant == self.baseline).config.model_dump(mode="json")
         variants = {}
         for p in self.points:
-            variants.setdefault(p.variant, {"variant": p.variant, "label": p.label, "overrides": p.overrides,
-                                            "is_baseline": p.is_baseline})
-        return {"name": self.name, "description": self.description, "source": str(self.path or ""),
-                "axes": axes, "baseline": {a: get_dotted(ref, a) for a in axes},
-                "baseline_variant": self.baseline, "seeds": self.seeds, "variants": list(variants.values()),
-                "points": [{"id": p.id, "variant": p.variant, "label": p.label, "seed": p.seed,
-                            "overrides": p.overrides, "config_hash": p.config_hash, "is_baseline": p.is_baseline}
-                           for p in self.points]}
+            variants.setdefault(
+                p.variant,
+                {"variant": p.variant, "label": p.label, "overrides": p.overrides, "is_baseline": p.is_baseline},
+            )
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": str(self.path or ""),
+            "axes": axes,
+            "baseline": {a: get_dotted(ref, a) for a in axes},
+            "baseline_variant": self.baseline,
+            "seeds": self.seeds,
+            "variants": list(variants.values()),
+            "points": [
+                {
+                    "id": p.id,
+                    "variant": p.variant,
+                    "label": p.label,
+                    "seed": p.seed,
+                    "overrides": p.overrides,
+                    "config_hash": p.config_hash,
+                    "is_baseline": p.is_baseline,
+                }
+                for p in self.points
+            ],
+        }
 
 
 # ----------------------------------------------------------------------------- slugs
@@ -142,8 +174,9 @@ def point_id(variant: str, seed: int, chash: str) -> str:
 def _read_spec(path: Path) -> SweepSpec:
     raw = read_yaml(path, what="sweep")
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; "
-                          f"got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; got {type(raw).__name__}"
+        )
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as e:
@@ -167,8 +200,10 @@ def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any
     for i, group in enumerate(spec.zip):
         lengths = {k: len(v) for k, v in group.items()}
         if len(set(lengths.values())) > 1:
-            raise ConfigError(f"{src}: zip group {i + 1} has lists of different lengths: "
-                              + ", ".join(f"{k} ({n})" for k, n in lengths.items()))
+            raise ConfigError(
+                f"{src}: zip group {i + 1} has lists of different lengths: "
+                + ", ".join(f"{k} ({n})" for k, n in lengths.items())
+            )
         factors.append([dict(zip(group, values)) for values in zip(*group.values())])
     for k, values in list(spec.grid.items()) + [(k, v) for g in spec.zip for k, v in g.items()]:
         if not values:
@@ -192,8 +227,10 @@ def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any
         out.append((None, {}, "the base config"))
     for label, overrides, _ in out:
         if SEED_KEY in overrides:
-            raise ConfigError(f"{src}: {SEED_KEY} is set by the sweep's `seeds` list; remove it from "
-                              f"{'point ' + repr(label) if label else 'the grid'}.")
+            raise ConfigError(
+                f"{src}: {SEED_KEY} is set by the sweep's `seeds` list; remove it from "
+                f"{'point ' + repr(label) if label else 'the grid'}."
+            )
     labels = [label for label, _, _ in out if label]
     dup = {label for label in labels if labels.count(label) > 1}
     if dup:
@@ -232,8 +269,10 @@ def _pick_baseline(spec: SweepSpec, src: str, base: dict, by_variant: dict[str, 
     for slug, v in by_variant.items():
         if v["hash"] == chash:
             return slug
-    raise ConfigError(f"{src}: baseline {spec.baseline} matches no point of the sweep; give the overrides of "
-                      f"one point or its label ({', '.join(v['label'] or s for s, v in by_variant.items())}).")
+    raise ConfigError(
+        f"{src}: baseline {spec.baseline} matches no point of the sweep; give the overrides of "
+        f"one point or its label ({', '.join(v['label'] or s for s, v in by_variant.items())})."
+    )
 
 
 def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], covered: list[str]) -> None:
@@ -246,11 +285,13 @@ def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], 
                     f"{src}: point {slug!r} differs from the baseline {baseline!r} in {key} "
                     f"({show_value(flat.get(key))} vs {show_value(ref.get(key))}), which is not a declared axis "
                     f"(axis isolation). Declare it in the point's overrides or the grid: "
-                    f"{', '.join(a for a in covered if a != SEED_KEY)}.")
+                    f"{', '.join(a for a in covered if a != SEED_KEY)}."
+                )
 
 
-def load_sweep(path: str | Path, base_overrides: list[str] | tuple[str, ...] = (),
-               seeds: list[int] | None = None) -> Sweep:
+def load_sweep(
+    path: str | Path, base_overrides: list[str] | tuple[str, ...] = (), seeds: list[int] | None = None
+) -> Sweep:
     """Read, validate and expand a sweep file (every point's config is fully checked).
 
     base_overrides: `key=value` strings applied to the base config of every point (before the
@@ -280,15 +321,17 @@ def load_sweep(path: str | Path, base_overrides: list[str] | tuple[str, ...] = (
     for label, overrides, origin in variants:
         slug = variant_slug(overrides, label)
         if slug in by_variant:  # two unlabelled variants whose slugs were cut to the same text
-            slug = f"{slug[:SLUG_MAX - 7]}-{config_hash(overrides, 6)}"
+            slug = f"{slug[: SLUG_MAX - 7]}-{config_hash(overrides, 6)}"
         for seed in spec.seeds:
             source = f"{src} (point {slug}, seed {seed})"
             origins = {k: origin for k in overrides}
             cfg = validate_run_config(apply_overrides(base, {**overrides, SEED_KEY: seed}, source), source, origins)
             chash = config_hash(cfg)
             if chash in hashes:
-                raise ConfigError(f"{src}: points {hashes[chash]!r} and {slug!r} resolve to the same config "
-                                  f"(seed {seed}); remove one.")
+                raise ConfigError(
+                    f"{src}: points {hashes[chash]!r} and {slug!r} resolve to the same config "
+                    f"(seed {seed}); remove one."
+                )
             hashes[chash] = slug
             if seed == spec.seeds[0]:
                 by_variant[slug] = {"label": label, "overrides": overrides, "hash": chash}

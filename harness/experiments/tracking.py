@@ -11,6 +11,7 @@ config as params and every metric row at step = update. The default store is
 is complete either way. On resume, steps after the checkpoint are logged again to the same
 MLflow run, so its history can hold two values for those steps; metrics.jsonl holds one.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 METRICS, SAMPLES, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "mlflow_run_id"
 MLFLOW_STATUS = {"done": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -165,11 +167,14 @@ class MlflowSink:
                 return fn(*args)
             except Exception as e:  # noqa: BLE001 - tracking must never stop training
                 if attempt == 3:
-                    print(f"warning: MLflow logging to {self.uri} switched off for this run: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+                    print(
+                        f"warning: MLflow logging to {self.uri} switched off for this run: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                        file=sys.stderr,
+                    )
                     self.enabled = False
                     return None
-                time.sleep(0.2 * 2 ** attempt)
+                time.sleep(0.2 * 2**attempt)
 
     def _open_run(self, exp_id: str, run_name: str, tags: dict[str, str]) -> str:
         id_file = self.run_dir / MLFLOW_RUN_ID
@@ -192,10 +197,11 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(_BAD_KEY.sub("_", k), float(v), now, step) for k, v in metrics.items()
-                 if isinstance(v, (int, float))]
+        batch = [
+            Metric(_BAD_KEY.sub("_", k), float(v), now, step) for k, v in metrics.items() if isinstance(v, (int, float))
+        ]
         for i in range(0, len(batch), 1000):
-            self._retry(lambda b: self.client.log_batch(self.run_id, metrics=b), batch[i:i + 1000])
+            self._retry(lambda b: self.client.log_batch(self.run_id, metrics=b), batch[i : i + 1000])
 
     def log_params(self, params: dict[str, Any]) -> None:
         if not self.enabled:
@@ -204,7 +210,7 @@ class MlflowSink:
 
         items = [Param(_BAD_KEY.sub("_", k)[:250], str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
-            self._retry(lambda b: self.client.log_batch(self.run_id, params=b), items[i:i + 100])
+            self._retry(lambda b: self.client.log_batch(self.run_id, params=b), items[i : i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if not self.enabled:
@@ -244,8 +250,15 @@ class RunLogger:
     dropped as well, so a resumed run never holds an update twice even without truncate_after.
     """
 
-    def __init__(self, run_dir: str | Path, *, experiment: str | None = None, run_name: str | None = None,
-                 mlflow_uri: str | None = None, tags: dict[str, str] | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        experiment: str | None = None,
+        run_name: str | None = None,
+        mlflow_uri: str | None = None,
+        tags: dict[str, str] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path, self.samples_path = self.run_dir / METRICS, self.run_dir / SAMPLES
@@ -255,8 +268,9 @@ class RunLogger:
         self._stale_samples = self._max_update(self.samples_path)
         self.mlflow: MlflowSink | None = None
         if mlflow_uri:
-            self.mlflow = MlflowSink(mlflow_uri, experiment or "default", run_name or self.run_dir.name,
-                                     self.run_dir, dict(tags or {}))
+            self.mlflow = MlflowSink(
+                mlflow_uri, experiment or "default", run_name or self.run_dir.name, self.run_dir, dict(tags or {})
+            )
 
     @staticmethod
     def _max_update(path: Path) -> float:

@@ -12,6 +12,7 @@ marks it failed and queues it again (Optuna's RetryHeartbeatStaleTrialCallback, 
 Completed and pruned trials are never run again. A failed point fails its trial and the study goes
 on; three failed trials in a row stop the worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,18 +20,19 @@ import socket
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from harness.config.errors import ConfigError, UnavailableError
 from harness.experiments.runner import RunOptions, point_dir, read_status, run_point
+from harness.experiments.study import TuneStudy, make_pruner, make_sampler, objective_value, suggest
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import ensure_experiment, read_jsonl
-from harness.experiments.study import TuneStudy, make_pruner, make_sampler, objective_value, suggest
 
 MAX_FAILED_IN_A_ROW = 3
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -49,9 +51,9 @@ class PointFailed(Exception):
 @dataclass
 class TuneOptions:
     results: Path = Path("results")
-    storage: str | None = None            # None: sqlite under results/<name>/
-    n_trials: int | None = None           # None: the study file's n_trials
-    mlflow_uri: str | None = None         # None: MLflow off
+    storage: str | None = None  # None: sqlite under results/<name>/
+    n_trials: int | None = None  # None: the study file's n_trials
+    mlflow_uri: str | None = None  # None: MLflow off
     say: Callable[[str], None] = print
     env_info: dict[str, Any] = field(default_factory=dict)
 
@@ -78,11 +80,17 @@ def open_storage(url: str, heartbeat_s: int) -> optuna.storages.RDBStorage:
     for attempt in range(4):  # two fresh workers may race to create the tables
         try:
             return optuna.storages.RDBStorage(
-                url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+                url,
+                engine_kwargs=kwargs,
+                heartbeat_interval=heartbeat_s,
+                grace_period=2 * heartbeat_s,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+            )
         except (ImportError, ValueError, ArgumentError) as e:
-            raise ConfigError(f"--storage {url}: cannot open it: {type(e).__name__}: {e}. Use an RDB URL such as "
-                              f"sqlite:///path/optuna.db or postgresql://user@host/db (with its driver installed).")
+            raise ConfigError(
+                f"--storage {url}: cannot open it: {type(e).__name__}: {e}. Use an RDB URL such as "
+                f"sqlite:///path/optuna.db or postgresql://user@host/db (with its driver installed)."
+            ) from None
         except Exception as e:  # noqa: BLE001 - sqlalchemy errors: retry, then report
             last = e
             time.sleep(0.5 * (attempt + 1))
@@ -92,19 +100,28 @@ def open_storage(url: str, heartbeat_s: int) -> optuna.storages.RDBStorage:
 def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> optuna.Study:
     if not create:
         try:
-            return optuna.load_study(study_name=study.name, storage=storage, sampler=make_sampler(study),
-                                     pruner=make_pruner(study))
+            return optuna.load_study(
+                study_name=study.name, storage=storage, sampler=make_sampler(study), pruner=make_pruner(study)
+            )
         except KeyError:
-            raise ConfigError(f"no study {study.name!r} in {getattr(storage, 'url', storage)}; run "
-                              f"`harness tune {study.path}` first.") from None
-    ostudy = optuna.create_study(study_name=study.name, storage=storage, sampler=make_sampler(study),
-                                 pruner=make_pruner(study), direction=study.spec.objective.direction,
-                                 load_if_exists=True)
+            raise ConfigError(
+                f"no study {study.name!r} in {getattr(storage, 'url', storage)}; run `harness tune {study.path}` first."
+            ) from None
+    ostudy = optuna.create_study(
+        study_name=study.name,
+        storage=storage,
+        sampler=make_sampler(study),
+        pruner=make_pruner(study),
+        direction=study.spec.objective.direction,
+        load_if_exists=True,
+    )
     want = optuna.study.StudyDirection[study.spec.objective.direction.upper()]
     if ostudy.direction != want:
-        raise ConfigError(f"{study.path}: objective.direction = {study.spec.objective.direction!r}, but the study "
-                          f"{study.name!r} in {storage.url} was created with {ostudy.direction.name.lower()}; "
-                          f"rename the study or use another --storage.")
+        raise ConfigError(
+            f"{study.path}: objective.direction = {study.spec.objective.direction!r}, but the study "
+            f"{study.name!r} in {storage.url} was created with {ostudy.direction.name.lower()}; "
+            f"rename the study or use another --storage."
+        )
     return ostudy
 
 
@@ -112,7 +129,7 @@ def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> op
 class Tuner:
     def __init__(self, study: TuneStudy, opts: TuneOptions, ostudy: optuna.Study):
         self.study, self.opts, self.ostudy = study, opts, ostudy
-        self.current: int | None = None      # number of the trial this worker runs
+        self.current: int | None = None  # number of the trial this worker runs
         self.outcome: str = ""
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -140,6 +157,7 @@ class Tuner:
                 trial.report(float(value), step0 + info["update"])
                 if trial.should_prune():
                     raise Pruned(f"pruned at update {info['update']}: {metric} = {value:g}")
+
         return report
 
     def _point_value(self, trial: optuna.Trial, point: Point, index: int) -> float:
@@ -147,8 +165,13 @@ class Tuner:
         if read_status(run_dir) == "pruned":  # the same config was pruned in an earlier trial
             self.outcome = "pruned"
             raise optuna.TrialPruned(f"point {point.id} was pruned in an earlier trial")
-        opts = RunOptions(self.opts.results, self.opts.mlflow_uri, retry_failed=True, env_info=self.opts.env_info,
-                          tags={"study": self.study.name, "trial": str(trial.number)})
+        opts = RunOptions(
+            self.opts.results,
+            self.opts.mlflow_uri,
+            retry_failed=True,
+            env_info=self.opts.env_info,
+            tags={"study": self.study.name, "trial": str(trial.number)},
+        )
         step0 = index * (point.config.train.updates + 1)
         res = run_point(point, self.study.name, opts, self._progress(trial, step0))
         while res["status"] == "busy":  # another worker runs this very config: wait for its result
@@ -187,6 +210,7 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
     os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
     if not opts.env_info:
         from harness.experiments.provenance import environment
+
         opts.env_info = environment()
     if opts.mlflow_uri:
         try:
@@ -195,7 +219,12 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
             opts.say(f"warning: MLflow store {opts.mlflow_uri} not ready: {type(e).__name__}: {e}")
     storage = open_storage(opts.storage or default_storage(opts.results, study.name), study.spec.heartbeat_s)
     ostudy = load_optuna_study(study, storage)
-    tuner, target, failed_in_a_row, waiting_said = Tuner(study, opts, ostudy), opts.n_trials or study.spec.n_trials, 0, False
+    tuner, target, failed_in_a_row, waiting_said = (
+        Tuner(study, opts, ostudy),
+        opts.n_trials or study.spec.n_trials,
+        0,
+        False,
+    )
     while True:
         optuna.storages.fail_stale_trials(ostudy)
         counts = _counts(ostudy)
@@ -218,8 +247,10 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
         _say_trial(ostudy, tuner, opts, time.monotonic() - t0)
         failed_in_a_row = failed_in_a_row + 1 if tuner.outcome == "failed" else 0
         if failed_in_a_row >= MAX_FAILED_IN_A_ROW:
-            raise UnavailableError(f"{failed_in_a_row} trials failed in a row (last: trial {tuner.current}); see the "
-                                   f"traceback.txt of its points under {opts.results / study.name}")
+            raise UnavailableError(
+                f"{failed_in_a_row} trials failed in a row (last: trial {tuner.current}); see the "
+                f"traceback.txt of its points under {opts.results / study.name}"
+            )
 
 
 def _trial(ostudy: optuna.Study, number: int | None) -> optuna.trial.FrozenTrial | None:
@@ -246,8 +277,10 @@ def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]
     counts = _counts(ostudy)
     obj = study.spec.objective
     summary = ", ".join(f"{n} {s.name.lower()}" for s, n in counts.items() if n)
-    lines = [f"study {study.name}: {sum(counts.values())} trials ({summary or 'none yet'}); objective: {obj.direction} "
-             f"{obj.metric} ({obj.at}), mean over seeds {study.spec.seeds}"]
+    lines = [
+        f"study {study.name}: {sum(counts.values())} trials ({summary or 'none yet'}); objective: {obj.direction} "
+        f"{obj.metric} ({obj.at}), mean over seeds {study.spec.seeds}"
+    ]
     complete = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         return lines + ["no complete trial yet"]
@@ -271,7 +304,9 @@ def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]
 def show_study(study: TuneStudy, results: Path, storage_url: str | None) -> list[str]:
     url = storage_url or default_storage(results, study.name)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///").split("?")[0]).exists():
-        raise ConfigError(f"no study {study.name!r} yet: {url} does not exist; run `harness tune {study.path}` "
-                          f"first (or pass its --storage / --results).")
+        raise ConfigError(
+            f"no study {study.name!r} yet: {url} does not exist; run `harness tune {study.path}` "
+            f"first (or pass its --storage / --results)."
+        )
     ostudy = load_optuna_study(study, open_storage(url, study.spec.heartbeat_s), create=False)
     return describe(study, ostudy, results)

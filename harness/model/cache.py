@@ -7,6 +7,7 @@ versions of the numeric packages. Parallel points race for a file lock; the firs
 temporary folder and renames it into place (atomic on one filesystem), the others wait and then
 read. A folder without its `DONE` marker is never read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from filelock import FileLock
 
@@ -78,8 +80,13 @@ def build_once(root: Path, key: str, build: Callable[[Path], dict], meta: dict |
         try:
             t0 = time.time()
             info = build(tmp) or {}
-            record = {"key": key, "meta": meta or {}, "info": info, "build_seconds": round(time.time() - t0, 2),
-                      "packages": package_versions()}
+            record = {
+                "key": key,
+                "meta": meta or {},
+                "info": info,
+                "build_seconds": round(time.time() - t0, 2),
+                "packages": package_versions(),
+            }
             (tmp / DONE).write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
             if final.exists():  # an incomplete folder left by a crashed build
                 shutil.rmtree(final)

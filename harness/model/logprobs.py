@@ -20,6 +20,7 @@ admissible continuation has log-prob 0 and no gradient. `logp[:, t] = log p(ids[
 position 0, padding and positions not asked for are 0. Position ids are derived from the
 attention mask, so left- and right-padded batches give the same values.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head."""
     decoder, _ = backbone_and_head(model)
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                  use_cache=False)
+    out = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=False
+    )
     return out.last_hidden_state
 
 
@@ -104,13 +106,21 @@ class _LinearLogprob(torch.autograd.Function):
         return g_h, g_w, g_b, None, None, None, None
 
 
-def _linear_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+def _linear_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     logits = (h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())).float()  # (n, V)
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def _chunk_generic(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   with_entropy: bool, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_generic(
+    head: nn.Module,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Any head module (e.g. a LoRA-wrapped lm_head); used under activation checkpointing."""
     logits = restrict_(head(h).float() / temperature, allowed)  # (n, V), a fresh tensor
     lse = torch.logsumexp(logits, dim=-1)
@@ -120,8 +130,14 @@ def _chunk_generic(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temp
     return logp, lse - torch.linalg.vecdot(torch.exp(logits - lse[:, None]), logits)
 
 
-def _chunk_logprobs(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_logprobs(
+    head: nn.Module,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     if type(head) is nn.Linear:
         return _LinearLogprob.apply(h, head.weight, head.bias, targets, temperature, with_entropy, allowed)
     if torch.is_grad_enabled() and h.requires_grad:
@@ -129,10 +145,18 @@ def _chunk_logprobs(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, tem
     return _chunk_generic(head, h, targets, temperature, with_entropy, allowed)
 
 
-def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
-                         attention_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK,
-                         with_entropy: bool = False, token_mask: torch.Tensor | None = None,
-                         allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logprobs_from_hidden(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    with_entropy: bool = False,
+    token_mask: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked lm_head + log-softmax on given hidden states. See `token_logprobs`."""
     _, head = backbone_and_head(model)
     B, T = input_ids.shape
@@ -144,8 +168,14 @@ def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torc
     allow = allowed[:, 1:][want] if allowed is not None else None  # (N, K)
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk_size):
-        lp, ent = _chunk_logprobs(head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy,
-                                  allow[s:s + chunk_size] if allow is not None else None)
+        lp, ent = _chunk_logprobs(
+            head,
+            h[s : s + chunk_size],
+            targets[s : s + chunk_size],
+            temperature,
+            with_entropy,
+            allow[s : s + chunk_size] if allow is not None else None,
+        )
         lps.append(lp)
         ents.append(ent)
     zeros = torch.zeros(B, T - 1, dtype=torch.float32, device=hidden.device)
@@ -158,10 +188,17 @@ def logprobs_from_hidden(model: nn.Module, hidden: torch.Tensor, input_ids: torc
     return scatter(lps), (scatter(ents) if with_entropy else None)
 
 
-def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                   temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = False,
-                   token_mask: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    with_entropy: bool = False,
+    token_mask: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
 
     input_ids, attention_mask: (B, T). Returns `logp` (B, T) float32 with
@@ -172,10 +209,26 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     -1 padding, all -1 = unconstrained); log-softmax and entropy are then over that set.
     """
     hidden = hidden_states(model, input_ids, attention_mask)  # (B, T, H)
-    return logprobs_from_hidden(model, hidden, input_ids, attention_mask, temperature=temperature,
-                                chunk_size=chunk_size, with_entropy=with_entropy, token_mask=token_mask,
-                                allowed=allowed)
+    return logprobs_from_hidden(
+        model,
+        hidden,
+        input_ids,
+        attention_mask,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        token_mask=token_mask,
+        allowed=allowed,
+    )
 
 
-__all__ = ["restrict_", "token_logprobs", "logprobs_from_hidden", "hidden_states", "backbone_and_head",
-           "position_ids", "DEFAULT_CHUNK", "NEG"]
+__all__ = [
+    "restrict_",
+    "token_logprobs",
+    "logprobs_from_hidden",
+    "hidden_states",
+    "backbone_and_head",
+    "position_ids",
+    "DEFAULT_CHUNK",
+    "NEG",
+]

@@ -8,6 +8,7 @@ Steps 1 and 2 are content-addressed caches under `cache_dir/models/<hash>/` and
 `cache_dir/sft/<hash>/` (`harness.model.cache`), so all points of a sweep build each once
 (under a file lock) and share it. `load_policy` runs the three steps.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,9 +34,11 @@ def base_model(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
     if path.exists():
         return str(path.resolve()), {"base": str(path.resolve())}
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise ModelError(f"model.name: {name!r} is not an existing directory. Give a local folder holding a "
-                         f"Hugging Face causal LM (config.json + weights + tokenizer), a Hugging Face id "
-                         f"already in the local cache, or 'tiny' to build a small model here.")
+        raise ModelError(
+            f"model.name: {name!r} is not an existing directory. Give a local folder holding a "
+            f"Hugging Face causal LM (config.json + weights + tokenizer), a Hugging Face id "
+            f"already in the local cache, or 'tiny' to build a small model here."
+        )
     return name, {"base": name}
 
 

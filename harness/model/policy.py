@@ -10,13 +10,15 @@ Critic (PPO): a linear value head on the shared backbone's last hidden state,
 value loss also flows into the backbone's trainable weights (the LoRA adapter), a shared trunk
 as in CleanRL's PPO. Zero-initialised, so V = 0 before training.
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,13 +58,13 @@ def values_from_hidden(head: ValueHead, hidden: torch.Tensor, attention_mask: to
 
 @dataclass(eq=False)
 class Policy:
-    model: nn.Module                 # PeftModel (finetune lora) or the causal LM (full)
+    model: nn.Module  # PeftModel (finetune lora) or the causal LM (full)
     tokenizer: Any
     chat: ChatFormat
-    finetune: str                    # "lora" | "full"
+    finetune: str  # "lora" | "full"
     value_head: ValueHead
     info: dict = field(default_factory=dict)  # provenance: base / sft cache keys, build metrics
-    reference_copy: nn.Module | None = None   # full fine-tuning only
+    reference_copy: nn.Module | None = None  # full fine-tuning only
 
     @contextmanager
     def reference(self) -> Iterator[nn.Module]:

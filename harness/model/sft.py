@@ -9,6 +9,7 @@ tiny model's pre-training did not use, laid out as the configured context policy
 The result is a content-addressed cache entry under `cache_dir/sft/<hash>/`, shared by every
 point of a sweep whatever its `train.seed`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,12 +26,20 @@ SFT_SEED = 0  # the warm-up is shared by all points of a sweep, whatever their t
 
 def sft_cache_key(cfg: RunConfig, base_info: dict) -> str:
     s = cfg.sft
-    return content_hash({"base": base_info["base"], "env": env_key(cfg), "finetune": cfg.model.finetune,
-                         "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
-                         "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
-                         "context": _context_key(cfg.context),
-                         "dtype": cfg.model.dtype, "seed": SFT_SEED, "demo_start": _demo_start(base_info),
-                         "code": code_key() + code_version(sft_cache_key)})
+    return content_hash(
+        {
+            "base": base_info["base"],
+            "env": env_key(cfg),
+            "finetune": cfg.model.finetune,
+            "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
+            "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
+            "context": _context_key(cfg.context),
+            "dtype": cfg.model.dtype,
+            "seed": SFT_SEED,
+            "demo_start": _demo_start(base_info),
+            "code": code_key() + code_version(sft_cache_key),
+        }
+    )
 
 
 def _context_key(ctx) -> dict:
@@ -69,7 +78,11 @@ def sft_warmup(cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, de
         tok.save_pretrained(str(out))
         return {"sft": metrics, "demo_seeds": [start, used], "demos": len(demos)}
 
-    entry, built = build_once(Path(cache_dir) / "sft", sft_cache_key(cfg, base_info), build,
-                              meta={"base": base_info["base"], "sft": cfg.sft.model_dump()})
+    entry, built = build_once(
+        Path(cache_dir) / "sft",
+        sft_cache_key(cfg, base_info),
+        build,
+        meta={"base": base_info["base"], "sft": cfg.sft.model_dump()},
+    )
     info = {**base_info, "sft": f"sft:{entry.name}", "sft_built": built, "sft_info": read_record(entry)["info"]}
     return str(entry.resolve()), info

@@ -13,12 +13,14 @@ log-prob path (`harness.model.logprobs`), so only action positions reach the lm_
 
 Deterministic on CPU: the shuffling uses its own generator seeded by `seed`.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,16 +51,27 @@ def to_demo(ep: Any) -> Demo:
     if isinstance(ep, Demo):
         return ep
     if hasattr(ep, "turns"):
-        return Demo(ep.instructions, [t.observation for t in ep.turns], [t.action for t in ep.turns],
-                    getattr(ep, "final_observation", ""), getattr(ep, "seed", None))
+        return Demo(
+            ep.instructions,
+            [t.observation for t in ep.turns],
+            [t.action for t in ep.turns],
+            getattr(ep, "final_observation", ""),
+            getattr(ep, "seed", None),
+        )
     if hasattr(ep, "steps"):
-        return Demo(ep.instructions, [s.observation for s in ep.steps], [s.action_text for s in ep.steps],
-                    "", getattr(ep, "task_seed", None))
+        return Demo(
+            ep.instructions,
+            [s.observation for s in ep.steps],
+            [s.action_text for s in ep.steps],
+            "",
+            getattr(ep, "task_seed", None),
+        )
     raise TypeError(f"not a demonstration: {type(ep).__name__}")
 
 
-def collect_demos(env_name: str, options: dict | None, n: int, start: int = 0,
-                  max_turns: int = DEMO_MAX_TURNS) -> tuple[list[Demo], int]:
+def collect_demos(
+    env_name: str, options: dict | None, n: int, start: int = 0, max_turns: int = DEMO_MAX_TURNS
+) -> tuple[list[Demo], int]:
     """`n` won expert episodes on the train seeds from index `start` on, in seed order.
 
     Returns (demos, next_index): the index after the last train seed used, so a later caller can
@@ -119,16 +132,17 @@ def demo_examples(chat: ChatFormat, demo: Demo, max_len: int, context=None) -> l
     return out
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
-                   window: int = 32) -> list[list[int]]:
+def length_batches(
+    lengths: Sequence[int], batch_size: int, generator: torch.Generator, window: int = 32
+) -> list[list[int]]:
     """Shuffled batches of similar-length examples: shuffle, sort within windows of
     `window` batches, cut, shuffle the batch order. Every index appears exactly once."""
     perm = torch.randperm(len(lengths), generator=generator).tolist()
     span = batch_size * window
     batches = []
     for w in range(0, len(perm), span):
-        chunk = sorted(perm[w:w + span], key=lambda i: lengths[i])
-        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+        chunk = sorted(perm[w : w + span], key=lambda i: lengths[i])
+        batches += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
     order = torch.randperm(len(batches), generator=generator).tolist()
     return [batches[i] for i in order]
 
@@ -140,9 +154,9 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device
     attn = torch.zeros((len(examples), T), dtype=torch.long)
     lmask = torch.zeros((len(examples), T), dtype=torch.float32)
     for b, (x, m) in enumerate(examples):
-        ids[b, :len(x)] = torch.tensor(x)
-        attn[b, :len(x)] = 1
-        lmask[b, :len(m)] = torch.tensor(m, dtype=torch.float32)
+        ids[b, : len(x)] = torch.tensor(x)
+        attn[b, : len(x)] = 1
+        lmask[b, : len(m)] = torch.tensor(m, dtype=torch.float32)
     return ids.to(device), attn.to(device), lmask.to(device)
 
 
@@ -166,10 +180,23 @@ def _schedule(total_steps: int, warmup_frac: float, min_lr_frac: float) -> Calla
     return factor
 
 
-def sft_train(model: nn.Module, chat: ChatFormat, episodes: Sequence[Any], epochs: int, lr: float,
-              batch_size: int, seed: int, max_len: int, *, weight_decay: float = 0.0, warmup_frac: float = 0.05,
-              min_lr_frac: float = 0.1, grad_clip: float = 1.0, context=None,
-              log: Callable[[dict], None] | None = None) -> dict:
+def sft_train(
+    model: nn.Module,
+    chat: ChatFormat,
+    episodes: Sequence[Any],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    max_len: int,
+    *,
+    weight_decay: float = 0.0,
+    warmup_frac: float = 0.05,
+    min_lr_frac: float = 0.1,
+    grad_clip: float = 1.0,
+    context=None,
+    log: Callable[[dict], None] | None = None,
+) -> dict:
     """Train the trainable parameters of `model` on expert demonstrations; return metrics.
 
     AdamW, linear warm-up then cosine decay to `min_lr_frac * lr`, gradient clipping. The loss is
@@ -213,8 +240,14 @@ def sft_train(model: nn.Module, chat: ChatFormat, episodes: Sequence[Any], epoch
     model.train(was_training)
     seconds = time.time() - t0
     tokens = sum(lengths) * epochs
-    return {"sft/examples": len(examples), "sft/steps": step, "sft/first_loss": float(first_loss),
-            "sft/epoch_losses": epoch_losses, "sft/final_loss": epoch_losses[-1], "sft/seconds": round(seconds, 2),
-            "sft/tokens_per_s": round(tokens * 1.0 / max(seconds, 1e-9), 1),
-            "sft/action_tokens": int(sum(sum(m) for _, m in examples)),
-            "sft/tokens": int(sum(lengths))}
+    return {
+        "sft/examples": len(examples),
+        "sft/steps": step,
+        "sft/first_loss": float(first_loss),
+        "sft/epoch_losses": epoch_losses,
+        "sft/final_loss": epoch_losses[-1],
+        "sft/seconds": round(seconds, 2),
+        "sft/tokens_per_s": round(tokens * 1.0 / max(seconds, 1e-9), 1),
+        "sft/action_tokens": int(sum(sum(m) for _, m in examples)),
+        "sft/tokens": int(sum(lengths)),
+    }

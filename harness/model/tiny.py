@@ -8,6 +8,7 @@ tokens, `harness.model.supervised`). The folder is a content-addressed cache ent
 (`harness.model.cache`): its key covers the env and its options, `model.tiny` and the source of
 the modules that build it, so every point of a sweep builds it once and shares it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,11 @@ MIN_CORPUS_DEMOS = 64  # expert episodes the tokenizer sees at least, even with 
 def env_key(cfg: RunConfig) -> dict:
     """The environment part of a cache key: name, validated options, source of its classes."""
     cls = env_class(cfg.env.name)
-    return {"name": cfg.env.name, "options": validate_options(cfg.env.name, cfg.env.options).model_dump(),
-            "code": code_version(cls, *[c for c in cls.__mro__ if c.__module__.startswith("envs.")])}
+    return {
+        "name": cfg.env.name,
+        "options": validate_options(cfg.env.name, cfg.env.options).model_dump(),
+        "code": code_version(cls, *[c for c in cls.__mro__ if c.__module__.startswith("envs.")]),
+    }
 
 
 def code_key() -> str:
@@ -48,11 +52,20 @@ def tiny_config(tiny, tok, eot_id: int):
     from transformers import Qwen2Config
 
     heads = tiny.num_heads
-    return Qwen2Config(vocab_size=len(tok), hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
-                       num_hidden_layers=tiny.num_layers, num_attention_heads=heads,
-                       num_key_value_heads=heads // 2 if heads % 2 == 0 else heads,
-                       max_position_embeddings=tiny.max_position, tie_word_embeddings=True, attention_dropout=0.0,
-                       bos_token_id=None, eos_token_id=eot_id, pad_token_id=tok.pad_token_id)
+    return Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2 if heads % 2 == 0 else heads,
+        max_position_embeddings=tiny.max_position,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=eot_id,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 def init_tiny_model(tiny, tok, seed: int) -> nn.Module:
@@ -74,23 +87,40 @@ def _build_tiny(cfg: RunConfig, out: Path) -> dict:
     corpus = list(demos)
     if len(corpus) < MIN_CORPUS_DEMOS:  # text for the tokenizer only
         corpus += collect_demos(cfg.env.name, cfg.env.options, MIN_CORPUS_DEMOS - len(corpus), start=used)[0]
-    texts = [episode_text(d.instructions, d.observations, d.actions) + observation_text(d.final_observation)
-             for d in corpus]
+    texts = [
+        episode_text(d.instructions, d.observations, d.actions) + observation_text(d.final_observation) for d in corpus
+    ]
     texts += list(env_class(cfg.env.name).observation_markers)
     tok = train_tokenizer(texts, t.vocab_size, t.max_position)
     model = init_tiny_model(t, tok, t.init_seed)
     metrics = {}
     if demos and t.pretrain_epochs:
-        metrics = sft_train(model, ChatFormat(tok), demos, t.pretrain_epochs, t.pretrain_lr, t.pretrain_batch_size,
-                            t.init_seed, t.max_position)
+        metrics = sft_train(
+            model,
+            ChatFormat(tok),
+            demos,
+            t.pretrain_epochs,
+            t.pretrain_lr,
+            t.pretrain_batch_size,
+            t.init_seed,
+            t.max_position,
+        )
     tok.save_pretrained(str(out))
     model.save_pretrained(str(out))
     # demo_seed_index: the SFT warm-up takes its demonstrations from the train seeds after these
-    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
-            "pretrain": metrics, "demo_seed_index": used}
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tok),
+        "pretrain": metrics,
+        "demo_seed_index": used,
+    }
 
 
 def tiny_base(cfg: RunConfig, cache_dir: Path) -> tuple[Path, bool]:
     """The cached tiny model folder (built on a miss) and whether this call built it."""
-    return build_once(Path(cache_dir) / "models", tiny_cache_key(cfg), lambda out: _build_tiny(cfg, out),
-                      meta={"env": cfg.env.name, "tiny": cfg.model.tiny.model_dump()})
+    return build_once(
+        Path(cache_dir) / "models",
+        tiny_cache_key(cfg),
+        lambda out: _build_tiny(cfg, out),
+        meta={"env": cfg.env.name, "tiny": cfg.model.tiny.model_dump()},
+    )

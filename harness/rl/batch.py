@@ -15,6 +15,7 @@ each counted once (per-step: the observation right before the action); the promp
 (instructions + first observation) is never trained on. Observation tokens take the
 advantage of the first token of the action they precede.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -44,9 +45,9 @@ def state_id(key: str) -> int:
 @dataclass
 class _Stream:
     ids: list[int]
-    action: list[int]      # 1 on action tokens
-    turn: list[int]        # turn of action tokens, -1 elsewhere
-    obs_turn: list[int]    # turn an observation token precedes (trainable obs), -1 elsewhere
+    action: list[int]  # 1 on action tokens
+    turn: list[int]  # turn of action tokens, -1 elsewhere
+    obs_turn: list[int]  # turn an observation token precedes (trainable obs), -1 elsewhere
     action_start: list[int]  # stream position of the first token of each turn's action
     sampler_logp: list[float]
     allowed: list[list[int] | None]  # constrained decoding: ids each action token was drawn from
@@ -77,24 +78,24 @@ class TrainBatch:
     # rows (B, T)
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    loss_mask: torch.Tensor     # float: trained tokens
-    action_mask: torch.Tensor   # float: policy-emitted tokens
-    action_id: torch.Tensor     # unique id per turn-action, -1 elsewhere
-    traj_id: torch.Tensor       # trajectory index (0..N-1) of each token, -1 on padding
+    loss_mask: torch.Tensor  # float: trained tokens
+    action_mask: torch.Tensor  # float: policy-emitted tokens
+    action_id: torch.Tensor  # unique id per turn-action, -1 elsewhere
+    traj_id: torch.Tensor  # trajectory index (0..N-1) of each token, -1 on padding
     sampler_logp: torch.Tensor  # sampler log-probs on action tokens, 0 elsewhere
-    stream_pos: torch.Tensor    # flat index into the (N, Ts) stream for trained tokens, -1 elsewhere
+    stream_pos: torch.Tensor  # flat index into the (N, Ts) stream for trained tokens, -1 elsewhere
     allowed: torch.Tensor | None  # (B, T, K) constrained decoding: ids each token was drawn from,
-                                  # -1 padding (all -1 = unconstrained); None when nothing was constrained
+    # -1 padding (all -1 = unconstrained); None when nothing was constrained
     # stream (N, Ts) and per-trajectory fields
-    stream_mask: torch.Tensor   # action tokens of the stream
-    stream_turn: torch.Tensor   # turn index of stream action tokens, -1 elsewhere
-    rewards: torch.Tensor       # (N,) trajectory return
+    stream_mask: torch.Tensor  # action tokens of the stream
+    stream_turn: torch.Tensor  # turn index of stream action tokens, -1 elsewhere
+    rewards: torch.Tensor  # (N,) trajectory return
     turn_rewards: torch.Tensor  # (N, K) per-turn rewards (outcome included at its turn)
-    turn_mask: torch.Tensor     # (N, K)
-    group: torch.Tensor         # (N,)
-    task: torch.Tensor          # (N,)
-    env: torch.Tensor           # (N,)
-    anchor: torch.Tensor        # (N, K) state ids before each turn
+    turn_mask: torch.Tensor  # (N, K)
+    group: torch.Tensor  # (N,)
+    task: torch.Tensor  # (N,)
+    env: torch.Tensor  # (N,)
+    anchor: torch.Tensor  # (N, K) state ids before each turn
     concatenated: bool
 
     @property
@@ -114,17 +115,32 @@ class TrainBatch:
         out[self.stream_pos[sel]] = x_rows[sel]
         return out.view_as(self.stream_mask)
 
-    def rows(self, idx: torch.Tensor) -> "TrainBatch":
+    def rows(self, idx: torch.Tensor) -> TrainBatch:
         """A row subset (mini- or micro-batch), trimmed to its longest row."""
         T = int(self.attention_mask[idx].sum(1).max().item()) if len(idx) else 1
-        row_fields = ("input_ids", "attention_mask", "loss_mask", "action_mask", "action_id",
-                      "traj_id", "sampler_logp", "stream_pos", "allowed")
+        row_fields = (
+            "input_ids",
+            "attention_mask",
+            "loss_mask",
+            "action_mask",
+            "action_id",
+            "traj_id",
+            "sampler_logp",
+            "stream_pos",
+            "allowed",
+        )
         return replace(self, **{f: getattr(self, f)[idx, :T] for f in row_fields if getattr(self, f) is not None})
 
 
-def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observations: bool,
-                pad_id: int, task_ids: list[int] | None = None, env_ids: list[int] | None = None
-                ) -> TrainBatch:
+def build_batch(
+    episodes: list[Episode],
+    *,
+    concatenated: bool,
+    mask_observations: bool,
+    pad_id: int,
+    task_ids: list[int] | None = None,
+    env_ids: list[int] | None = None,
+) -> TrainBatch:
     """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized)."""
     streams = [episode_stream(ep) for ep in episodes]
     Ts = max(len(s.ids) for s in streams)
@@ -136,10 +152,18 @@ def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observation
             aid = [next_action + t if t >= 0 else -1 for t in s.turn]
             pos = [i * Ts + k if (s.action[k] or trainable_obs[k]) else -1 for k in range(len(s.ids))]
             # observation tokens point at the first token of the action they precede
-            pos = [i * Ts + s.action_start[s.obs_turn[k]] if trainable_obs[k] else p
-                   for k, p in enumerate(pos)]
-            _append_row(rows, s.ids, [max(a, o) for a, o in zip(s.action, trainable_obs)], s.action,
-                        aid, i, s.sampler_logp, pos, s.allowed)
+            pos = [i * Ts + s.action_start[s.obs_turn[k]] if trainable_obs[k] else p for k, p in enumerate(pos)]
+            _append_row(
+                rows,
+                s.ids,
+                [max(a, o) for a, o in zip(s.action, trainable_obs)],
+                s.action,
+                aid,
+                i,
+                s.sampler_logp,
+                pos,
+                s.allowed,
+            )
         else:
             for t, st in enumerate(ep.steps):
                 ctx = st.context_ids if st.context_ids is not None else s.ids[: s.action_start[t]]
@@ -150,15 +174,26 @@ def build_batch(episodes: list[Episode], *, concatenated: bool, mask_observation
                 aid = [-1] * L + [next_action + t] * A
                 start = i * Ts + s.action_start[t]
                 pos = [-1] * (L - n_obs) + [start] * n_obs + list(range(start, start + A))
-                _append_row(rows, ctx + st.action_ids, loss, act, aid, i,
-                            [0.0] * L + list(st.sampler_logprobs), pos, [None] * L + s.allowed[s.action_start[t]:][:A])
+                _append_row(
+                    rows,
+                    ctx + st.action_ids,
+                    loss,
+                    act,
+                    aid,
+                    i,
+                    [0.0] * L + list(st.sampler_logprobs),
+                    pos,
+                    [None] * L + s.allowed[s.action_start[t] :][:A],
+                )
         next_action += len(ep.steps)
     return _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
 
 
 def _append_row(rows, ids, loss, act, aid, traj, slp, pos, allow) -> None:
-    for key, val in zip(("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow"),
-                        (ids, loss, act, aid, [traj] * len(ids), slp, pos, allow)):
+    for key, val in zip(
+        ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow"),
+        (ids, loss, act, aid, [traj] * len(ids), slp, pos, allow),
+    ):
         rows[key].append(val)
 
 
@@ -193,16 +228,19 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         sampler_logp=_pad(rows["slp"], 0.0, torch.float32),
         stream_pos=_pad(rows["pos"], -1, LONG),
         # only constrained rollouts carry admissible sets: skip the per-token scan otherwise
-        allowed=(_pad_allowed(rows["allow"])
-                 if any(st.allowed_ids is not None for ep in episodes for st in ep.steps) else None),
+        allowed=(
+            _pad_allowed(rows["allow"])
+            if any(st.allowed_ids is not None for ep in episodes for st in ep.steps)
+            else None
+        ),
         stream_mask=_pad([s.action for s in streams], 0, torch.float32)[:, :Ts],
         stream_turn=_pad([s.turn for s in streams], -1, LONG)[:, :Ts],
         rewards=torch.tensor([ep.outcome for ep in episodes], dtype=torch.float32),
-        turn_rewards=turn_rewards[:, :K], turn_mask=turn_mask[:, :K], anchor=anchor[:, :K],
+        turn_rewards=turn_rewards[:, :K],
+        turn_mask=turn_mask[:, :K],
+        anchor=anchor[:, :K],
         group=torch.tensor([ep.group for ep in episodes], dtype=LONG),
         task=torch.tensor(task_ids if task_ids is not None else [0] * N, dtype=LONG),
         env=torch.tensor(env_ids if env_ids is not None else [0] * N, dtype=LONG),
         concatenated=concatenated,
     )
-
-

@@ -4,6 +4,7 @@ The sampling and task RNGs are derived from (seed, update) at every update, so a
 needs no RNG state to reproduce the uninterrupted one; torch's global RNG state is saved too
 for anything that draws from it (dropout).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,16 +20,21 @@ def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(run_dir: Path, update: int, modules: dict[str, torch.nn.Module],
-                    optimizer: torch.optim.Optimizer, state: dict) -> Path:
+def save_checkpoint(
+    run_dir: Path, update: int, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer, state: dict
+) -> Path:
     """Write run_dir/checkpoint atomically (a tmp folder renamed over the old one)."""
     final = run_dir / CHECKPOINT
     tmp = run_dir / f".{CHECKPOINT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    payload = {"update": update, "weights": {k: trainable_state(m) for k, m in modules.items()},
-               "optimizer": optimizer.state_dict(), "state": state,
-               "torch_rng": torch.get_rng_state()}
+    payload = {
+        "update": update,
+        "weights": {k: trainable_state(m) for k, m in modules.items()},
+        "optimizer": optimizer.state_dict(),
+        "state": state,
+        "torch_rng": torch.get_rng_state(),
+    }
     torch.save(payload, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f:
         os.fsync(f.fileno())
@@ -41,8 +47,9 @@ def save_checkpoint(run_dir: Path, update: int, modules: dict[str, torch.nn.Modu
     return final
 
 
-def load_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module],
-                    optimizer: torch.optim.Optimizer) -> tuple[int, dict] | None:
+def load_checkpoint(
+    run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer
+) -> tuple[int, dict] | None:
     """Restore weights and optimizer; return (update, state) or None when there is none."""
     path = run_dir / CHECKPOINT / "state.pt"
     if not path.exists():

@@ -7,6 +7,7 @@
 Each axis is one registry call into `algorithms/`; nothing here branches on an axis value
 beyond picking the function. The math of every value is in docs/algorithms.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,16 @@ def on_device(x: torch.Tensor | None, device) -> torch.Tensor | None:
     return None if x is None else x.to(device)
 
 
-def policy_forward(policy, input_ids, attention_mask, *, temperature: float, with_entropy: bool,
-                   with_values: bool, allowed: torch.Tensor | None = None):
+def policy_forward(
+    policy,
+    input_ids,
+    attention_mask,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    with_values: bool,
+    allowed: torch.Tensor | None = None,
+):
     """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
     pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
     admissible ids per token; log-probs and entropy are then those of the constrained policy.
@@ -48,23 +57,46 @@ def policy_forward(policy, input_ids, attention_mask, *, temperature: float, wit
     home, dev = input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(input_ids, dev), on_device(attention_mask, dev), on_device(allowed, dev)
     if not with_values:
-        lp, ent = token_logprobs(policy.model, ids, attn, temperature=temperature,
-                                 with_entropy=with_entropy, allowed=allowed)
+        lp, ent = token_logprobs(
+            policy.model, ids, attn, temperature=temperature, with_entropy=with_entropy, allowed=allowed
+        )
         return on_device(lp, home), on_device(ent, home), None
     hidden = hidden_states(policy.model, ids, attn)  # (B, T, H)
-    lp, ent = logprobs_from_hidden(policy.model, hidden, ids, attn, temperature=temperature,
-                                   with_entropy=with_entropy, allowed=allowed)
-    return on_device(lp, home), on_device(ent, home), on_device(values_from_hidden(policy.value_head, hidden, attn), home)
+    lp, ent = logprobs_from_hidden(
+        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=with_entropy, allowed=allowed
+    )
+    return (
+        on_device(lp, home),
+        on_device(ent, home),
+        on_device(values_from_hidden(policy.value_head, hidden, attn), home),
+    )
 
 
-def loss_terms(policy, mb: TrainBatch, adv, old_logp, ref_logp, old_values, returns,
-               cfg: RunConfig, agg_params: AggParams, value_agg_params: AggParams) -> MicroLoss:
+def loss_terms(
+    policy,
+    mb: TrainBatch,
+    adv,
+    old_logp,
+    ref_logp,
+    old_values,
+    returns,
+    cfg: RunConfig,
+    agg_params: AggParams,
+    value_agg_params: AggParams,
+) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats."""
     a = cfg.algo
     agg = AGGREGATION.get(a.agg)
     # entropy is a diagnostic even when its coefficient is 0
-    logp, ent, values = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
-                                       with_entropy=True, with_values=a.critic.enabled, allowed=mb.allowed)
+    logp, ent, values = policy_forward(
+        policy,
+        mb.input_ids,
+        mb.attention_mask,
+        temperature=cfg.rollout.temperature,
+        with_entropy=True,
+        with_values=a.critic.enabled,
+        allowed=mb.allowed,
+    )
     mask = mb.loss_mask
     if a.clip.seq_mask:
         mask = negative_advantage_seq_mask(logp, old_logp, adv, mask, mb.action_id, a.clip.seq_mask_delta)

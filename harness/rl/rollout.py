@@ -30,6 +30,7 @@ ScalingInter-RL (AgentGym-RL): `turn_budget_at(update, cfg.turns)` gives the bud
 last allowed turn `turns.final_turn_note` (default with a curriculum: "Last turn: answer now.")
 is appended to the observation on a new line, asking the agent for its final answer.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,11 +39,11 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from harness.transcript.chat import ChatFormat
 from harness.config.schema import RunConfig, TurnsConfig
+from harness.rl.sampling import ActionTrie, allowed_mask, draw
+from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
 from harness.transcript.records import Episode, StepRecord
-from harness.rl.sampling import ActionTrie, allowed_mask, draw
 
 DEFAULT_FINAL_TURN_NOTE = "Last turn: answer now."
 
@@ -74,12 +75,12 @@ class GrowingLayer(DynamicLayer):
         n, L = self.keys.shape[-2], key_states.shape[-2]
         if n + L > self._k.shape[-2]:
             cap = max(n + L, 2 * self._k.shape[-2], 64)
-            k = self._k.new_empty(*key_states.shape[:2], cap, key_states.shape[3])      # (B, H, cap, D)
+            k = self._k.new_empty(*key_states.shape[:2], cap, key_states.shape[3])  # (B, H, cap, D)
             v = self._v.new_empty(*value_states.shape[:2], cap, value_states.shape[3])
             k[..., :n, :], v[..., :n, :] = self.keys, self.values
             self._k, self._v = k, v
-        self._k[..., n:n + L, :], self._v[..., n:n + L, :] = key_states, value_states
-        self.keys, self.values = self._k[..., :n + L, :], self._v[..., :n + L, :]
+        self._k[..., n : n + L, :], self._v[..., n : n + L, :] = key_states, value_states
+        self.keys, self.values = self._k[..., : n + L, :], self._v[..., : n + L, :]
         return self.keys, self.values
 
     def set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -96,18 +97,21 @@ class KVBatch:
         self.device, self.dtype = emb.device, emb.dtype
         self.attn = model.config._attn_implementation
         if self.attn not in ("sdpa", "eager"):
-            raise ValueError(f"the rollout engine needs attn_implementation 'sdpa' or 'eager' (explicit "
-                             f"4D masks with holes), got {self.attn!r}")
+            raise ValueError(
+                f"the rollout engine needs attn_implementation 'sdpa' or 'eager' (explicit "
+                f"4D masks with holes), got {self.attn!r}"
+            )
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
-            raise ValueError(f"the rollout engine supports full-attention models only, got layer types "
-                             f"{sorted(layer_types)}")
+            raise ValueError(
+                f"the rollout engine supports full-attention models only, got layer types {sorted(layer_types)}"
+            )
         self.reset(0)
 
     def reset(self, rows: int) -> None:
         self.cache = Cache(layer_class_to_replicate=GrowingLayer)
-        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)   # (B, T) real slots
-        self.length = torch.zeros(rows, dtype=torch.long, device=self.device)   # (B,) real tokens
+        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # (B, T) real slots
+        self.length = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) real tokens
 
     def _layers(self):
         return [layer for layer in self.cache.layers if layer.is_initialized]
@@ -118,7 +122,7 @@ class KVBatch:
         mask, self.length = self.mask[idx], self.length[idx]
         T = int(self.length.max()) if len(rows) else 0
         # stable sort puts hole slots first, real slots after in their order: (B, T_old)
-        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T:]
+        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T :]
         self.mask = mask.gather(1, order)  # (B, T)
         for layer in self._layers():
             k, v = layer.keys[idx], layer.values[idx]  # (B, H, T_old, D)
@@ -129,17 +133,19 @@ class KVBatch:
         """Append ids (B, L) whose slots are real where `real` (B, L); logits of the last slot (B, V)."""
         B, L = ids.shape
         Tc = self.mask.shape[1]
-        keys = torch.cat([self.mask, real], dim=1)                          # (B, Tc+L)
+        keys = torch.cat([self.mask, real], dim=1)  # (B, Tc+L)
         pos = (self.length[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
-        q = torch.arange(L, device=self.device)[:, None] + Tc               # (L, 1)
-        k = torch.arange(Tc + L, device=self.device)[None, :]               # (1, Tc+L)
-        visible = (keys[:, None, :] & (k <= q)[None]) | (k == q)[None]      # (B, L, Tc+L)
-        visible = visible[:, None]                                          # (B, 1, L, Tc+L)
+        q = torch.arange(L, device=self.device)[:, None] + Tc  # (L, 1)
+        k = torch.arange(Tc + L, device=self.device)[None, :]  # (1, Tc+L)
+        visible = (keys[:, None, :] & (k <= q)[None]) | (k == q)[None]  # (B, L, Tc+L)
+        visible = visible[:, None]  # (B, 1, L, Tc+L)
         if self.attn == "eager":
             visible = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(
-                ~visible, torch.finfo(self.dtype).min)
-        out = self.model(input_ids=ids, attention_mask=visible, position_ids=pos, cache=self.cache,
-                         use_cache=True, logits_to_keep=1)
+                ~visible, torch.finfo(self.dtype).min
+            )
+        out = self.model(
+            input_ids=ids, attention_mask=visible, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1
+        )
         self.mask, self.length = keys, self.length + real.long().sum(1)
         return out.logits[:, -1]
 
@@ -149,8 +155,8 @@ class KVBatch:
         ids = torch.full((len(new_ids), L), self.pad_id, dtype=torch.long)
         real = torch.zeros(len(new_ids), L, dtype=torch.bool)
         for b, x in enumerate(new_ids):
-            ids[b, L - len(x):] = torch.tensor(x, dtype=torch.long)
-            real[b, L - len(x):] = True
+            ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
+            real[b, L - len(x) :] = True
         return self.feed(ids.to(self.device), real.to(self.device))
 
 
@@ -159,16 +165,25 @@ class KVBatch:
 class TurnOutput:
     ids: list[list[int]]
     logprobs: list[list[float]]
-    raw_logprobs: list[list[float] | None]   # unconstrained log-probs; None for unconstrained rows
+    raw_logprobs: list[list[float] | None]  # unconstrained log-probs; None for unconstrained rows
     overflow: list[bool]
     allowed: list[list[list[int]] | None] | None = None  # per token, the ids it was drawn from (constrained rows)
 
 
-def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie | None] | None, *,
-                  eot_id: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool,
-                  generator: torch.Generator) -> TurnOutput:
+def generate_turn(
+    kv: KVBatch,
+    new_ids: list[list[int]],
+    tries: list[ActionTrie | None] | None,
+    *,
+    eot_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator,
+) -> TurnOutput:
     """Prefill `new_ids` (one segment per row) and sample one action per row."""
-    logits = kv.prefill(new_ids)                                     # (B, V)
+    logits = kv.prefill(new_ids)  # (B, V)
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     lps, raws = torch.zeros(B, max_new_tokens, device=dev), torch.zeros(B, max_new_tokens, device=dev)
@@ -184,8 +199,7 @@ def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie 
             for b, node in enumerate(nodes):
                 if constrained[b]:
                     sets[b].append(sorted(node) if node is not None else [])
-        d = draw(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
-                 allowed=allowed)
+        d = draw(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator, allowed=allowed)
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
         length += active.long()
         active = active & (d.tokens != eot_id)
@@ -197,10 +211,13 @@ def generate_turn(kv: KVBatch, new_ids: list[list[int]], tries: list[ActionTrie 
         logits = kv.feed(d.tokens[:, None], active[:, None])  # finished rows get a hole
     n = length.tolist()
     ids, lp, raw = toks[:, :steps].tolist(), lps[:, :steps].tolist(), raws[:, :steps].tolist()
-    return TurnOutput(ids=[ids[b][:n[b]] for b in range(B)], logprobs=[lp[b][:n[b]] for b in range(B)],
-                      raw_logprobs=[raw[b][:n[b]] if constrained[b] else None for b in range(B)],
-                      overflow=[ids[b][n[b] - 1] != eot_id for b in range(B)],
-                      allowed=[sets[b][:n[b]] if constrained[b] else None for b in range(B)])
+    return TurnOutput(
+        ids=[ids[b][: n[b]] for b in range(B)],
+        logprobs=[lp[b][: n[b]] for b in range(B)],
+        raw_logprobs=[raw[b][: n[b]] if constrained[b] else None for b in range(B)],
+        overflow=[ids[b][n[b] - 1] != eot_id for b in range(B)],
+        allowed=[sets[b][: n[b]] if constrained[b] else None for b in range(B)],
+    )
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -225,14 +242,24 @@ class _Play:
     episode: Episode
     obs: str
     info: dict
-    segments: list[list[int]]   # observation segments as shown (observation format, turn 0 included)
-    actions: list[list[int]]    # sampled action ids
+    segments: list[list[int]]  # observation segments as shown (observation format, turn 0 included)
+    actions: list[list[int]]  # sampled action ids
 
 
-def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: RunConfig, *,
-            generator: torch.Generator, instructions: str, turn_budget: int | None = None,
-            greedy: bool = False, reuse_cache: bool = True, timings: list[dict] | None = None
-            ) -> list[Episode]:
+def collect(
+    model,
+    chat: ChatFormat,
+    venv,
+    tasks: list[tuple[int, int]],
+    cfg: RunConfig,
+    *,
+    generator: torch.Generator,
+    instructions: str,
+    turn_budget: int | None = None,
+    greedy: bool = False,
+    reuse_cache: bool = True,
+    timings: list[dict] | None = None,
+) -> list[Episode]:
     """Play one episode per `tasks` entry (task seed, group id) in lock-step; return them in order.
 
     venv: a VectorEnv with exactly len(tasks) environments (`reset(seeds)`, `step(actions)`
@@ -247,8 +274,10 @@ def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: Ru
     if n_env != len(tasks):
         raise ValueError(f"collect: the vector env holds {n_env} environments for {len(tasks)} tasks")
     budget = turn_budget if turn_budget is not None else cfg.turns.max
-    plays = [_Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [])
-             for (s, g), (obs, info) in zip(tasks, venv.reset([s for s, _ in tasks]))]
+    plays = [
+        _Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [])
+        for (s, g), (obs, info) in zip(tasks, venv.reset([s for s, _ in tasks]))
+    ]
     system = system_ids(chat, instructions)
     check_prompt_split(chat, instructions, plays[0].obs)
     for p in plays:
@@ -268,21 +297,42 @@ def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: Ru
                 contexts, new_ids = _turn_inputs(chat, cfg, alive, system, t, last, incremental)
                 if not incremental:
                     kv.reset(len(alive))
-                tries = [_trie(chat, p.info.get("admissible"), encoded) for p in alive] if cfg.rollout.constrain else None
+                tries = (
+                    [_trie(chat, p.info.get("admissible"), encoded) for p in alive] if cfg.rollout.constrain else None
+                )
                 t0 = time.perf_counter()
-                out = generate_turn(kv, new_ids, tries, eot_id=chat.eot_id, max_new_tokens=cfg.rollout.max_new_tokens,
-                                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, greedy=greedy,
-                                    generator=generator)
+                out = generate_turn(
+                    kv,
+                    new_ids,
+                    tries,
+                    eot_id=chat.eot_id,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    temperature=cfg.rollout.temperature,
+                    top_p=cfg.rollout.top_p,
+                    greedy=greedy,
+                    generator=generator,
+                )
                 if timings is not None:
-                    timings.append({"turn": t, "rows": len(alive), "prefill_tokens": sum(map(len, new_ids)),
-                                    "new_tokens": sum(map(len, out.ids)), "seconds": time.perf_counter() - t0})
+                    timings.append(
+                        {
+                            "turn": t,
+                            "rows": len(alive),
+                            "prefill_tokens": sum(map(len, new_ids)),
+                            "new_tokens": sum(map(len, out.ids)),
+                            "seconds": time.perf_counter() - t0,
+                        }
+                    )
                 texts = [chat.decode_action(ids) for ids in out.ids]
                 row = {id(p): i for i, p in enumerate(alive)}
                 results = venv.step([texts[row[id(p)]] if id(p) in row else None for p in plays])
                 results = [r for p, r in zip(plays, results) if id(p) in row]  # aligned with alive
-                keep = [i for i, p in enumerate(alive)
-                        if not _record(p, t, i, out, texts[i], contexts[i], system, results[i],
-                                       cfg.turns.overflow_penalty, last)]
+                keep = [
+                    i
+                    for i, p in enumerate(alive)
+                    if not _record(
+                        p, t, i, out, texts[i], contexts[i], system, results[i], cfg.turns.overflow_penalty, last
+                    )
+                ]
                 alive = [alive[i] for i in keep]
                 if incremental and alive:
                     kv.select(keep)
@@ -291,8 +341,9 @@ def collect(model, chat: ChatFormat, venv, tasks: list[tuple[int, int]], cfg: Ru
     return [p.episode for p in plays]
 
 
-def _turn_inputs(chat: ChatFormat, cfg: RunConfig, alive: list[_Play], system: list[int], t: int,
-                 last: bool, incremental: bool) -> tuple[list, list[list[int]]]:
+def _turn_inputs(
+    chat: ChatFormat, cfg: RunConfig, alive: list[_Play], system: list[int], t: int, last: bool, incremental: bool
+) -> tuple[list, list[list[int]]]:
     """Append turn t's shown observation segment to every live episode; return the contexts to
     record (None for policy full) and the ids to prefill (new tokens only when incremental)."""
     note = final_turn_note(cfg.turns)
@@ -309,8 +360,18 @@ def _turn_inputs(chat: ChatFormat, cfg: RunConfig, alive: list[_Play], system: l
     return contexts, new_ids
 
 
-def _record(p: _Play, t: int, i: int, out: TurnOutput, text: str, context: list[int] | None,
-            system: list[int], res, penalty: float, last: bool) -> bool:
+def _record(
+    p: _Play,
+    t: int,
+    i: int,
+    out: TurnOutput,
+    text: str,
+    context: list[int] | None,
+    system: list[int],
+    res,
+    penalty: float,
+    last: bool,
+) -> bool:
     """Append turn t's StepRecord; advance or finish the episode. Returns True when it ended."""
     ep, info = p.episode, {k: v for k, v in res.info.items() if k != "admissible"}
     err = _env_error(res.info)
@@ -319,12 +380,25 @@ def _record(p: _Play, t: int, i: int, out: TurnOutput, text: str, context: list[
     truncated = env_truncated or (last and not done)
     overflow = out.overflow[i]
     reward = float(res.reward) - (penalty if (overflow or truncated) else 0.0)
-    ep.steps.append(StepRecord(
-        turn=t, obs_ids=(system + p.segments[-1]) if t == 0 else p.segments[-1], context_ids=context,
-        action_ids=out.ids[i], sampler_logprobs=out.logprobs[i], action_text=text, observation=p.obs,
-        reward=reward, done=done, overflow=overflow, format_error=bool(res.info.get("format_error", False)),
-        state_key=str(p.info.get("state_key", "")), info=info, unconstrained_logprobs=out.raw_logprobs[i],
-        allowed_ids=out.allowed[i] if out.allowed else None))
+    ep.steps.append(
+        StepRecord(
+            turn=t,
+            obs_ids=(system + p.segments[-1]) if t == 0 else p.segments[-1],
+            context_ids=context,
+            action_ids=out.ids[i],
+            sampler_logprobs=out.logprobs[i],
+            action_text=text,
+            observation=p.obs,
+            reward=reward,
+            done=done,
+            overflow=overflow,
+            format_error=bool(res.info.get("format_error", False)),
+            state_key=str(p.info.get("state_key", "")),
+            info=info,
+            unconstrained_logprobs=out.raw_logprobs[i],
+            allowed_ids=out.allowed[i] if out.allowed else None,
+        )
+    )
     p.actions.append(out.ids[i])
     if done or truncated:
         ep.won, ep.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))

@@ -13,6 +13,7 @@ log-prob is returned beside it so the trainer can use either as the behaviour lo
 Draws use inverse-CDF sampling with one uniform number per row from `generator`, so the same
 generator state gives the same tokens, and a CPU generator can drive a model on any device.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,8 +34,8 @@ class ActionTrie:
 
 @dataclass
 class Draw:
-    tokens: torch.Tensor        # (B,) long
-    logprobs: torch.Tensor      # (B,) log-prob under the distribution drawn from (constrained if any)
+    tokens: torch.Tensor  # (B,) long
+    logprobs: torch.Tensor  # (B,) log-prob under the distribution drawn from (constrained if any)
     raw_logprobs: torch.Tensor  # (B,) log-prob under the unconstrained tempered distribution
 
 
@@ -48,8 +49,9 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One draw per row of unnormalised `probs` (B, V); zero-probability tokens are never drawn."""
-    u = torch.rand(probs.shape[0], generator=generator, device=generator.device,
-                   dtype=torch.float64).to(probs.device)  # (B,)
+    u = torch.rand(probs.shape[0], generator=generator, device=generator.device, dtype=torch.float64).to(
+        probs.device
+    )  # (B,)
     cdf = probs.double().cumsum(-1)  # (B, V)
     tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     tok = tok.clamp(max=probs.shape[1] - 1)
@@ -57,11 +59,18 @@ def inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     return torch.where(ok, tok, probs.argmax(-1))
 
 
-def draw(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
-         generator: torch.Generator, allowed: torch.Tensor | None = None) -> Draw:
+def draw(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
+) -> Draw:
     """Next tokens for a batch. logits (B, V); allowed (B, V) bool or None (no constraint)."""
-    scaled = logits.float() / temperature             # (B, V)
-    raw_logp = scaled.log_softmax(-1)                  # (B, V)
+    scaled = logits.float() / temperature  # (B, V)
+    raw_logp = scaled.log_softmax(-1)  # (B, V)
     logp = raw_logp
     if allowed is not None:
         logp = scaled.masked_fill(~allowed, float("-inf")).log_softmax(-1)

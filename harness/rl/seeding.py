@@ -1,4 +1,5 @@
 """One seed drives python, numpy and torch (environments and sampling take it from the config)."""
+
 from __future__ import annotations
 
 import os

@@ -10,12 +10,13 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
         -> diagnostics -> metrics.jsonl + MLflow; held-out eval every k; checkpoint every k
     final evaluation, adapter saved in PEFT format, summary returned to the runner
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -24,18 +25,18 @@ from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
 from envs.vector import VectorEnv
-from harness.rl.batch import build_batch
-from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.config.schema import RunConfig, axis_params
 from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
-from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, sample_rows
+from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
-from harness.rl.update import make_optimizer, run_update
-from harness.transcript.records import Episode
+from harness.rl.batch import build_batch
+from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.rollout import collect, turn_budget_at
 from harness.rl.seeding import seed_everything
+from harness.rl.update import make_optimizer, run_update
+from harness.transcript.records import Episode
 
 ProgressFn = Callable[[dict], None]
 
@@ -71,8 +72,11 @@ class Trainer:
         env = make_env(cfg.env.name, cfg.env.options)
         self.instructions = env.instructions
         self.markers = type(env).observation_markers
-        self.train_pool = (ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
-                           if cfg.env.train_tasks else None)
+        self.train_pool = (
+            ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
+            if cfg.env.train_tasks
+            else None
+        )
         self.heldout = ENVS.get(cfg.env.name).task_seeds("heldout", cfg.env.heldout_tasks, cfg.env.options)
         self.optimizer = make_optimizer(self.policy, cfg)
         self.updates = planned_updates(cfg)
@@ -85,8 +89,14 @@ class Trainer:
         """A vector env of `n` instances, kept for the whole run (worker processes start once)."""
         if n not in self._venvs:
             c = self.cfg.env
-            self._venvs[n] = VectorEnv(c.name, c.options, reward_density=c.reward_density,
-                                       format_penalty=c.format_penalty, n=n, workers=c.workers)
+            self._venvs[n] = VectorEnv(
+                c.name,
+                c.options,
+                reward_density=c.reward_density,
+                format_penalty=c.format_penalty,
+                n=n,
+                workers=c.workers,
+            )
         return self._venvs[n]
 
     def close(self) -> None:
@@ -98,18 +108,29 @@ class Trainer:
         k = self.cfg.rollout.tasks_per_update
         if self.train_pool is not None:
             rng = np.random.default_rng([self.cfg.train.seed, update, round_])
-            return [self.train_pool[i] for i in rng.choice(len(self.train_pool), size=k, replace=k > len(self.train_pool))]
+            return [
+                self.train_pool[i] for i in rng.choice(len(self.train_pool), size=k, replace=k > len(self.train_pool))
+            ]
         # a fresh task for every group: the (update, round) block of the train seed sequence
         start = (update * (1 + self.cfg.algo.filter.max_extra_rounds) + round_) * k
         seeds = ENVS.get(self.cfg.env.name).task_seeds("train", start + k, self.cfg.env.options)
         return seeds[start:]
 
-    def _rollout(self, seeds: list[int], group_size: int, *, greedy: bool, generator, budget: int,
-                 first_group: int = 0) -> list[Episode]:
+    def _rollout(
+        self, seeds: list[int], group_size: int, *, greedy: bool, generator, budget: int, first_group: int = 0
+    ) -> list[Episode]:
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
-        return collect(self.policy.model, self.policy.chat, self._venv(len(tasks)), tasks, self.cfg,
-                       turn_budget=budget, greedy=greedy, generator=generator,
-                       instructions=self.instructions)
+        return collect(
+            self.policy.model,
+            self.policy.chat,
+            self._venv(len(tasks)),
+            tasks,
+            self.cfg,
+            turn_budget=budget,
+            greedy=greedy,
+            generator=generator,
+            instructions=self.instructions,
+        )
 
     def _filtered_rollout(self, update: int, budget: int) -> tuple[list[Episode], list[Episode], dict]:
         """Rollout + group filter; dapo's dynamic sampling refills up to max_extra_rounds."""
@@ -118,9 +139,14 @@ class Trainer:
         stats: dict[str, float] = {}
         all_eps: list[Episode] = []
         for round_ in range(1 + c.algo.filter.max_extra_rounds):
-            eps = self._rollout(self._train_tasks(update, round_), G, greedy=False, budget=budget,
-                                generator=_generator(c.train.seed, update, round_),
-                                first_group=round_ * c.rollout.tasks_per_update)
+            eps = self._rollout(
+                self._train_tasks(update, round_),
+                G,
+                greedy=False,
+                budget=budget,
+                generator=_generator(c.train.seed, update, round_),
+                first_group=round_ * c.rollout.tasks_per_update,
+            )
             all_eps += eps
             keep, st = self._filter(eps)
             if round_ == 0:
@@ -149,8 +175,13 @@ class Trainer:
         seeds = [self.heldout[i % len(self.heldout)] for i in range(n)]
         out: dict[str, float] = {}
         for mode, greedy in (("greedy", True), ("sampled", False)):
-            eps = self._rollout(seeds, 1, greedy=greedy, budget=turn_budget_at(update, c.turns),
-                                generator=_generator(c.train.seed, 10**6, update))
+            eps = self._rollout(
+                seeds,
+                1,
+                greedy=greedy,
+                budget=turn_budget_at(update, c.turns),
+                generator=_generator(c.train.seed, 10**6, update),
+            )
             for k, v in episode_metrics(eps, f"eval_{mode}", self.markers).items():
                 out[k] = v
         return out
@@ -183,9 +214,15 @@ class Trainer:
             metrics.update(self.monitor.update(update, metrics))
             self.logger.log(update, metrics)
             # eval metrics ride along on evaluation updates (pruners of `harness tune` read them)
-            self.progress({"update": update, "updates": self.updates,
-                           "success": metrics.get("env/success", 0.0), "elapsed": time.time() - t_start,
-                           **{k: v for k, v in metrics.items() if k.startswith("eval_")}})
+            self.progress(
+                {
+                    "update": update,
+                    "updates": self.updates,
+                    "success": metrics.get("env/success", 0.0),
+                    "elapsed": time.time() - t_start,
+                    **{k: v for k, v in metrics.items() if k.startswith("eval_")},
+                }
+            )
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
@@ -205,19 +242,28 @@ class Trainer:
         budget = turn_budget_at(update - 1, c.turns)
         kept, all_eps, fstats = self._filtered_rollout(update, budget)
         t_roll = time.time() - t0
-        metrics = {**episode_metrics(all_eps, "env", self.markers), **group_reward_stats(all_eps), **fstats,
-                   "env/turn_budget": float(budget)}
+        metrics = {
+            **episode_metrics(all_eps, "env", self.markers),
+            **group_reward_stats(all_eps),
+            **fstats,
+            "env/turn_budget": float(budget),
+        }
         self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
         # an environment error ends an episode early with a meaningless return: never train on it
         kept = [e for e in kept if e.steps and e.env_error is None]
         if not kept:
             metrics["train/skipped_empty"] = 1.0
             return metrics
-        batch = build_batch(kept, concatenated=c.context.resolved_layout == "concatenated",
-                            mask_observations=c.context.mask_observations, pad_id=self.policy.chat.pad_id)
+        batch = build_batch(
+            kept,
+            concatenated=c.context.resolved_layout == "concatenated",
+            mask_observations=c.context.mask_observations,
+            pad_id=self.policy.chat.pad_id,
+        )
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
         metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
-            [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps])
+            [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps]
+        )
         if c.train.mi_every and update % c.train.mi_every == 0:
             metrics.update(self._mi(all_eps))
         metrics["train/skipped_empty"] = 0.0
@@ -230,12 +276,21 @@ class Trainer:
 
     def _mi(self, eps: list[Episode]) -> dict[str, float]:
         """RAGEN-2 MI proxy on first-turn (prompt, response) pairs of distinct tasks."""
-        pairs = distinct_prompt_pairs([e.steps[0].obs_ids for e in eps if e.steps],
-                                      [e.steps[0].action_ids for e in eps if e.steps], self.cfg.train.mi_prompts)
+        pairs = distinct_prompt_pairs(
+            [e.steps[0].obs_ids for e in eps if e.steps],
+            [e.steps[0].action_ids for e in eps if e.steps],
+            self.cfg.train.mi_prompts,
+        )
         if len(pairs[0]) < 2:
             return {}
-        return mi_proxy(self.policy.model, pairs[0], pairs[1], batch_size=self.cfg.algo.micro_batch_size,
-                        pad_id=self.policy.chat.pad_id, temperature=self.cfg.rollout.temperature)
+        return mi_proxy(
+            self.policy.model,
+            pairs[0],
+            pairs[1],
+            batch_size=self.cfg.algo.micro_batch_size,
+            pad_id=self.policy.chat.pad_id,
+            temperature=self.cfg.rollout.temperature,
+        )
 
     def _timing(self, update: int, **seconds: float) -> None:
         with open(self.run_dir / "timings.jsonl", "a") as f:

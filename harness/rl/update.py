@@ -1,11 +1,12 @@
 """One RL update on an assembled batch, top to bottom:
 
-    behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
-    -> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
-    -> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
-       -> backward; clip grad -> optimizer step
-    -> diagnostics reduced once (one sync point)
+behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
+-> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
+-> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
+   -> backward; clip grad -> optimizer step
+-> diagnostics reduced once (one sync point)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -34,7 +35,7 @@ class Forward:
 
 def _micro_slices(n: int, size: int) -> list[torch.Tensor]:
     idx = torch.arange(n)
-    return [idx[i: i + size] for i in range(0, n, size)]
+    return [idx[i : i + size] for i in range(0, n, size)]
 
 
 @torch.no_grad()
@@ -46,15 +47,27 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
     for idx in _micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
-        lp, _, v = policy_forward(policy, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
-                                  with_entropy=False, with_values=cfg.algo.critic.enabled, allowed=mb.allowed)
+        lp, _, v = policy_forward(
+            policy,
+            mb.input_ids,
+            mb.attention_mask,
+            temperature=cfg.rollout.temperature,
+            with_entropy=False,
+            with_values=cfg.algo.critic.enabled,
+            allowed=mb.allowed,
+        )
         old.append(torch.nn.functional.pad(lp, pad))
         if v is not None:
             val.append(torch.nn.functional.pad(v, pad))
         with policy.reference() as ref_model:
             dev = next(ref_model.parameters()).device
-            rlp, _ = token_logprobs(ref_model, on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev),
-                                    temperature=cfg.rollout.temperature, allowed=on_device(mb.allowed, dev))
+            rlp, _ = token_logprobs(
+                ref_model,
+                on_device(mb.input_ids, dev),
+                on_device(mb.attention_mask, dev),
+                temperature=cfg.rollout.temperature,
+                allowed=on_device(mb.allowed, dev),
+            )
         ref.append(torch.nn.functional.pad(rlp.to(mb.input_ids.device), pad))
     cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
     return Forward(cat(old), cat(ref), cat(val))
@@ -68,10 +81,18 @@ def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.T
         kl = KL_ESTIMATOR.get(a.kl.estimator)(fwd.old_logp, fwd.ref_logp)  # (B,T)
         token_rewards = token_rewards - a.kl.coef * batch.to_stream(kl * batch.action_mask)
     inputs = AdvantageInputs(
-        mask=batch.stream_mask, turn_index=batch.stream_turn, rewards=batch.rewards, group=batch.group,
-        turn_rewards=batch.turn_rewards, turn_mask=batch.turn_mask, task=batch.task, env=batch.env,
-        anchor=batch.anchor, token_rewards=token_rewards,
-        values=batch.to_stream(fwd.old_values) if fwd.old_values is not None else None)
+        mask=batch.stream_mask,
+        turn_index=batch.stream_turn,
+        rewards=batch.rewards,
+        group=batch.group,
+        turn_rewards=batch.turn_rewards,
+        turn_mask=batch.turn_mask,
+        task=batch.task,
+        env=batch.env,
+        anchor=batch.anchor,
+        token_rewards=token_rewards,
+        values=batch.to_stream(fwd.old_values) if fwd.old_values is not None else None,
+    )
     params = axis_params(AdvantageParams, a.adv)
     out = ADVANTAGE.get(a.adv.estimator)(inputs, params)
     adv = ADV_NORM.get(a.adv.norm)(out.advantages, inputs, params)
@@ -102,8 +123,11 @@ def _minibatches(batch: TrainBatch, n: int, generator: torch.Generator) -> list[
     traj = _row_traj(batch)
     order = torch.randperm(int(traj.max()) + 1, generator=generator)
     rows_of = [torch.nonzero(traj == t).flatten() for t in order.tolist()]
-    return [torch.cat([rows_of[i] for i in part.tolist()])
-            for part in torch.tensor_split(torch.arange(len(rows_of)), n) if len(part)]
+    return [
+        torch.cat([rows_of[i] for i in part.tolist()])
+        for part in torch.tensor_split(torch.arange(len(rows_of)), n)
+        if len(part)
+    ]
 
 
 def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
@@ -123,17 +147,24 @@ def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int) -> list[tor
 def _update_diagnostics(batch: TrainBatch, fwd: Forward, adv: torch.Tensor, cfg: RunConfig) -> dict:
     """KL to the reference (k1, k3 mean; k3 max), sampler-vs-trainer mismatch, advantage stats."""
     m = batch.action_mask
-    out = {"diag/logprob_mismatch": masked_mean((fwd.old_logp - batch.sampler_logp).abs(), m),
-           "diag/logprob_mismatch_max": ((fwd.old_logp - batch.sampler_logp).abs() * m).max(),
-           "diag/adv_mean": masked_mean(adv, batch.loss_mask),
-           "diag/adv_abs_mean": masked_mean(adv.abs(), batch.loss_mask),
-           "diag/rows": torch.tensor(float(batch.num_rows)),
-           "diag/trained_tokens": batch.loss_mask.sum()}
+    out = {
+        "diag/logprob_mismatch": masked_mean((fwd.old_logp - batch.sampler_logp).abs(), m),
+        "diag/logprob_mismatch_max": ((fwd.old_logp - batch.sampler_logp).abs() * m).max(),
+        "diag/adv_mean": masked_mean(adv, batch.loss_mask),
+        "diag/adv_abs_mean": masked_mean(adv.abs(), batch.loss_mask),
+        "diag/rows": torch.tensor(float(batch.num_rows)),
+        "diag/trained_tokens": batch.loss_mask.sum(),
+    }
     k3 = KL_ESTIMATOR.get("k3")(fwd.old_logp, fwd.ref_logp)
     out["diag/kl_k1"] = masked_mean(fwd.old_logp - fwd.ref_logp, m)
     out["diag/kl_k3"] = masked_mean(k3, m)
     out["diag/kl_k3_max"] = (k3 * m).max()
     return out
+
+
+def _pick(x: torch.Tensor | None, rows: torch.Tensor, T: int) -> torch.Tensor | None:
+    """x[rows, :T] (a micro-batch's slice of a full-batch tensor), or None."""
+    return None if x is None else x[rows, :T]
 
 
 def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: torch.Generator) -> dict[str, float]:
@@ -154,9 +185,18 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
             for micro in _micro_batches(batch, mb_idx, a.micro_batch_size):
                 mb = batch.rows(micro)
                 T = mb.input_ids.shape[1]
-                pick = lambda x: None if x is None else x[micro, :T]  # noqa: E731
-                out = loss_terms(policy, mb, adv[micro, :T], fwd.old_logp[micro, :T], pick(fwd.ref_logp),
-                                 pick(fwd.old_values), pick(returns), cfg, agg_params, value_agg_params)
+                out = loss_terms(
+                    policy,
+                    mb,
+                    adv[micro, :T],
+                    fwd.old_logp[micro, :T],
+                    _pick(fwd.ref_logp, micro, T),
+                    _pick(fwd.old_values, micro, T),
+                    _pick(returns, micro, T),
+                    cfg,
+                    agg_params,
+                    value_agg_params,
+                )
                 if not torch.isfinite(out.loss):
                     raise Diverged(f"non-finite loss {out.loss.item()} in the update")
                 out.loss.backward()
@@ -171,8 +211,9 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     policy.model.eval()
     # loss terms are pre-scaled so micro-batch terms sum to the mini-batch loss: report the
     # mean mini-batch loss; other stats are means over micro-batches.
-    reduced = {k: torch.stack(v).sum() / steps if k.startswith("loss/") else torch.stack(v).nanmean()
-               for k, v in sums.items()}
+    reduced = {
+        k: torch.stack(v).sum() / steps if k.startswith("loss/") else torch.stack(v).nanmean() for k, v in sums.items()
+    }
     reduced.update(_update_diagnostics(batch, fwd, adv, cfg))
     names = list(reduced)
     values = torch.stack([reduced[k].float() for k in names]).tolist()  # one sync point

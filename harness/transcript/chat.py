@@ -3,7 +3,8 @@
 A training sequence is a concatenation of segments, each tokenized once and never decoded
 and re-encoded:
 
-    prompt segment   <|im_start|>system\n{instructions}<|im_end|>\n<|im_start|>user\n{obs_1}<|im_end|>\n<|im_start|>assistant\n
+    prompt segment   <|im_start|>system\n{instructions}<|im_end|>\n
+                     <|im_start|>user\n{obs_1}<|im_end|>\n<|im_start|>assistant\n
     action segment   {sampled ids ...}<|im_end|>           (exactly as sampled; EOT included)
     obs segment      \n<|im_start|>user\n{obs_t}<|im_end|>\n<|im_start|>assistant\n
     action segment   ...
@@ -12,6 +13,7 @@ SFT demonstrations are assembled from the same segments, so the model is trained
 token layout it later samples in. The same strings are Qwen2.5's own template, so real Qwen
 checkpoints see their native format.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +26,9 @@ TRUNCATED = " [truncated]"
 
 
 def prompt_text(instructions: str, first_observation: str) -> str:
-    return (f"{IM_START}system\n{instructions}{IM_END}\n"
-            f"{IM_START}user\n{first_observation}{IM_END}\n{IM_START}assistant\n")
+    return (
+        f"{IM_START}system\n{instructions}{IM_END}\n{IM_START}user\n{first_observation}{IM_END}\n{IM_START}assistant\n"
+    )
 
 
 def observation_text(observation: str) -> str:

@@ -20,11 +20,12 @@ Append-only policies reuse the KV cache across turns in the rollout engine; the 
 prefilled from scratch every turn and their StepRecords carry `context_ids` (per-step layout).
 In every policy the context ends with the current observation segment (turn 0: the prompt).
 """
+
 from __future__ import annotations
 
 from algorithms.registry import Registry
-from harness.transcript.chat import IM_END, IM_START, TRUNCATED, ChatFormat
 from harness.config.schema import ContextConfig
+from harness.transcript.chat import IM_END, IM_START, TRUNCATED, ChatFormat
 
 CONTEXT_POLICIES = Registry("context.policy", "what the policy sees at each turn")
 APPEND_ONLY = frozenset({"full", "obs_truncate"})
@@ -38,9 +39,11 @@ def system_ids(chat: ChatFormat, instructions: str) -> list[int]:
 def check_prompt_split(chat: ChatFormat, instructions: str, observation: str) -> None:
     """Raise if the tokenizer merges across the special token that ends the system segment."""
     if system_ids(chat, instructions) + chat.observation(observation) != chat.prompt(instructions, observation):
-        raise ValueError("the tokenizer does not split the prompt at <|im_end|>: system segment + "
-                         "observation segment != chat.prompt(...); the rollout engine needs special "
-                         "tokens to be atomic (add them with special=True)")
+        raise ValueError(
+            "the tokenizer does not split the prompt at <|im_end|>: system segment + "
+            "observation segment != chat.prompt(...); the rollout engine needs special "
+            "tokens to be atomic (add them with special=True)"
+        )
 
 
 def truncate_observation(chat: ChatFormat, text: str, max_tokens: int) -> str:
@@ -69,8 +72,7 @@ def shown_observation(chat: ChatFormat, text: str, ctx: ContextConfig) -> str:
     return text
 
 
-def _interleave(system: list[int], segments: list[list[int]], actions: list[list[int]],
-                first: int) -> list[int]:
+def _interleave(system: list[int], segments: list[list[int]], actions: list[list[int]], first: int) -> list[int]:
     out = list(system)
     for j in range(first, len(segments)):
         out += segments[j]
@@ -79,34 +81,44 @@ def _interleave(system: list[int], segments: list[list[int]], actions: list[list
     return out
 
 
-@CONTEXT_POLICIES.register("full", doc="instructions and every observation and action so far "
-                           "(append-only; concatenated layout)")
-def full_context(system: list[int], segments: list[list[int]], actions: list[list[int]],
-                 ctx: ContextConfig) -> list[int]:
+@CONTEXT_POLICIES.register(
+    "full", doc="instructions and every observation and action so far (append-only; concatenated layout)"
+)
+def full_context(
+    system: list[int], segments: list[list[int]], actions: list[list[int]], ctx: ContextConfig
+) -> list[int]:
     """segments: t+1 observation segments (shown form); actions: the t earlier actions."""
     return _interleave(system, segments, actions, 0)
 
 
-@CONTEXT_POLICIES.register("obs_truncate", doc="full history with each observation cut to "
-                           "context.obs_tokens tokens plus a [truncated] marker", source="AgentRL (OS task)")
+@CONTEXT_POLICIES.register(
+    "obs_truncate",
+    doc="full history with each observation cut to context.obs_tokens tokens plus a [truncated] marker",
+    source="AgentRL (OS task)",
+)
 def obs_truncate_context(system, segments, actions, ctx):
     return _interleave(system, segments, actions, 0)  # segments are already cut (shown_observation)
 
 
-@CONTEXT_POLICIES.register("window", doc="instructions + the last context.window turns + the current "
-                           "observation", source="Agent-R1 (sliding window)")
+@CONTEXT_POLICIES.register(
+    "window",
+    doc="instructions + the last context.window turns + the current observation",
+    source="Agent-R1 (sliding window)",
+)
 def window_context(system, segments, actions, ctx):
     return _interleave(system, segments, actions, max(0, len(segments) - 1 - ctx.window))
 
 
-@CONTEXT_POLICIES.register("single", doc="instructions + the current observation only",
-                           source="verl-agent history_length 0")
+@CONTEXT_POLICIES.register(
+    "single", doc="instructions + the current observation only", source="verl-agent history_length 0"
+)
 def single_context(system, segments, actions, ctx):
     return list(system) + list(segments[-1])
 
 
-def build_context(ctx: ContextConfig, system: list[int], segments: list[list[int]],
-                  actions: list[list[int]]) -> list[int]:
+def build_context(
+    ctx: ContextConfig, system: list[int], segments: list[list[int]], actions: list[list[int]]
+) -> list[int]:
     """The context ids the policy sees at turn len(segments) - 1."""
     if len(actions) != len(segments) - 1:
         raise ValueError(f"need one action per earlier turn: {len(segments)} segments, {len(actions)} actions")

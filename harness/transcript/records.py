@@ -3,6 +3,7 @@
 Token ids are kept exactly as sampled (actions) or as tokenized once (prompt, observations);
 training sequences are assembled from these ids only (see `harness.rl.batch`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,19 +12,19 @@ from typing import Any
 
 @dataclass
 class StepRecord:
-    turn: int                      # 0-based turn index
-    obs_ids: list[int]             # observation segment that preceded this action (turn 0: the prompt)
+    turn: int  # 0-based turn index
+    obs_ids: list[int]  # observation segment that preceded this action (turn 0: the prompt)
     context_ids: list[int] | None  # the exact context the policy saw (per-step layout); None = the
-                                   # append-only concatenation of earlier segments (concatenated layout)
-    action_ids: list[int]          # exactly the sampled ids, end-of-turn token included when emitted
+    # append-only concatenation of earlier segments (concatenated layout)
+    action_ids: list[int]  # exactly the sampled ids, end-of-turn token included when emitted
     sampler_logprobs: list[float]  # log-probs the sampler assigned to action_ids
-    action_text: str               # decoded action (for the environment and logs only)
-    observation: str               # the observation text shown before this action
-    reward: float = 0.0            # reward of this turn (penalties included)
+    action_text: str  # decoded action (for the environment and logs only)
+    observation: str  # the observation text shown before this action
+    reward: float = 0.0  # reward of this turn (penalties included)
     done: bool = False
-    overflow: bool = False         # hit max_new_tokens without an end-of-turn token
+    overflow: bool = False  # hit max_new_tokens without an end-of-turn token
     format_error: bool = False
-    state_key: str = ""            # environment state before the action (GiGPO anchor)
+    state_key: str = ""  # environment state before the action (GiGPO anchor)
     info: dict[str, Any] = field(default_factory=dict)
     # constrained decoding only (rollout.constrain): log-probs of action_ids under the
     # unconstrained tempered distribution; sampler_logprobs are then under the constrained
@@ -37,14 +38,14 @@ class StepRecord:
 @dataclass
 class Episode:
     task_seed: int
-    group: int                     # group id: the G rollouts of one task share it
+    group: int  # group id: the G rollouts of one task share it
     instructions: str
     steps: list[StepRecord] = field(default_factory=list)
     won: bool = False
-    truncated: bool = False        # turn budget reached before the episode ended
+    truncated: bool = False  # turn budget reached before the episode ended
     env_error: str | None = None
     score: float = 0.0
-    turn_budget: int = 0           # turn budget the episode ran under (curriculum), 0 = unknown
+    turn_budget: int = 0  # turn budget the episode ran under (curriculum), 0 = unknown
 
     @property
     def outcome(self) -> float:

@@ -1,9 +1,11 @@
 """algo.agg: hand-computed cases, micro-batching and masking invariants."""
+
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms import AGGREGATION, AggParams, global_counts
 
@@ -57,8 +59,13 @@ def _random(seed, B, T, p_empty=0.2):
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 8), T=st.integers(1, 7),
-       name=st.sampled_from(list(EXPECTED)), data=st.data())
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 8),
+    T=st.integers(1, 7),
+    name=st.sampled_from(list(EXPECTED)),
+    data=st.data(),
+)
 def test_micro_batches_sum_to_full_batch(seed, B, T, name, data):
     loss, mask = _random(seed, B, T)
     fn = AGGREGATION.get(name)
@@ -66,18 +73,15 @@ def test_micro_batches_sum_to_full_batch(seed, B, T, name, data):
     full = fn(loss, mask, AggParams(agg_len=T))
     cuts = sorted(data.draw(st.lists(st.integers(1, B - 1), max_size=3, unique=True))) if B > 1 else []
     bounds = [0, *cuts, B]
-    micro = sum(fn(loss[a:b], mask[a:b], AggParams(g.num_tokens, g.num_seqs, T))
-                for a, b in zip(bounds, bounds[1:]))
+    micro = sum(fn(loss[a:b], mask[a:b], AggParams(g.num_tokens, g.num_seqs, T)) for a, b in zip(bounds, bounds[1:]))
     assert torch.allclose(micro, full, atol=1e-12)
     # 1 x B == B x 1 (gradient accumulation never changes the result)
-    single = sum(fn(loss[i:i + 1], mask[i:i + 1], AggParams(g.num_tokens, g.num_seqs, T))
-                 for i in range(B))
+    single = sum(fn(loss[i : i + 1], mask[i : i + 1], AggParams(g.num_tokens, g.num_seqs, T)) for i in range(B))
     assert torch.allclose(single, full, atol=1e-12)
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 8), T=st.integers(1, 7),
-       name=st.sampled_from(list(EXPECTED)))
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 8), T=st.integers(1, 7), name=st.sampled_from(list(EXPECTED)))
 def test_padding_and_masked_values_invariant(seed, B, T, name):
     loss, mask = _random(seed, B, T)
     fn = AGGREGATION.get(name)
@@ -92,15 +96,14 @@ def test_padding_and_masked_values_invariant(seed, B, T, name):
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 8), T=st.integers(1, 7),
-       length=st.integers(1, 7))
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 8), T=st.integers(1, 7), length=st.integers(1, 7))
 def test_seq_mean_token_mean_equals_token_mean_at_equal_lengths(seed, B, T, length):
     length = min(length, T)
     loss, _ = _random(seed, B, T)
     mask = torch.zeros(B, T, dtype=torch.long)
     for b in range(B):  # every row trains `length` tokens, at varying offsets
         start = (seed + b) % (T - length + 1)
-        mask[b, start:start + length] = 1
+        mask[b, start : start + length] = 1
     a = AGGREGATION.get("seq-mean-token-mean")(loss, mask, AggParams())
     b = AGGREGATION.get("token-mean")(loss, mask, AggParams())
     assert torch.allclose(a, b, atol=1e-12)

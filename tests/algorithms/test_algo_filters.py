@@ -1,14 +1,31 @@
 """algo.filter.name: worked examples, stats, and never an empty selection."""
+
 import pytest
 import torch
 
 from algorithms import GROUP_FILTER, EmptyBatchError, FilterParams
 
 # four groups of four rollouts
-REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0,    # g0: std sqrt(1/3) = 0.577
-                        1.0, 1.0, 1.0, 1.0,    # g1: zero variance
-                        1.0, 0.0, 0.0, 0.0,    # g2: std 0.5
-                        0.5, 0.5, 0.5, 0.6])   # g3: std 0.05
+REWARDS = torch.tensor(
+    [
+        1.0,
+        0.0,
+        1.0,
+        0.0,  # g0: std sqrt(1/3) = 0.577
+        1.0,
+        1.0,
+        1.0,
+        1.0,  # g1: zero variance
+        1.0,
+        0.0,
+        0.0,
+        0.0,  # g2: std 0.5
+        0.5,
+        0.5,
+        0.5,
+        0.6,
+    ]
+)  # g3: std 0.05
 GROUP = torch.tensor([7, 7, 7, 7, 3, 3, 3, 3, 9, 9, 9, 9, 1, 1, 1, 1])  # arbitrary ids
 ORDER = [7, 3, 9, 1]
 
@@ -28,19 +45,21 @@ def test_none_and_dapo():
     assert res.keep.dtype == torch.bool and res.keep.shape == REWARDS.shape
 
 
-@pytest.mark.parametrize("p, groups", [
-    (0.9, [7, 9]),     # total 1.1274, need 1.0146: 0.577 < need, 0.577 + 0.5 = 1.077 >= need
-    (0.5, [7]),        # 0.577 >= 0.5637
-    (1.0, [7, 9, 1]),  # every group with a nonzero score, never the zero-variance one
-])
+@pytest.mark.parametrize(
+    "p, groups",
+    [
+        (0.9, [7, 9]),  # total 1.1274, need 1.0146: 0.577 < need, 0.577 + 0.5 = 1.077 >= need
+        (0.5, [7]),  # 0.577 >= 0.5637
+        (1.0, [7, 9, 1]),  # every group with a nonzero score, never the zero-variance one
+    ],
+)
 def test_ragen_top_p_worked_example(p, groups):
     res = GROUP_FILTER.get("ragen_top_p")(REWARDS, GROUP, FilterParams(top_p=p))
     assert kept(res) == groups
     assert res.stats["kept_group_frac"].item() == len(groups) / 4
 
 
-@pytest.mark.parametrize("k, groups", [(0.5, [7, 9]), (0.25, [7]), (0.1, [7]),
-                                       (1.0, [7, 3, 9, 1])])
+@pytest.mark.parametrize("k, groups", [(0.5, [7, 9]), (0.25, [7]), (0.1, [7]), (1.0, [7, 3, 9, 1])])
 def test_ragen_top_k(k, groups):
     res = GROUP_FILTER.get("ragen_top_k")(REWARDS, GROUP, FilterParams(top_k=k))
     assert kept(res) == groups

@@ -1,21 +1,26 @@
 """algo.kl.estimator, KL-in-reward helper and chunked entropy."""
+
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms import KL_ESTIMATOR, entropy_from_logits, kl_penalty_rewards
 
 LOGP, REF = torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, 0.0]])  # d = (1, -1)
 
 
-@pytest.mark.parametrize("name, exp", [
-    ("none", [0.0, 0.0]),
-    ("k1", [1.0, -1.0]),
-    ("k2", [0.5, 0.5]),
-    ("k3", [math.exp(-1) + 1 - 1, math.exp(1) - 1 - 1]),  # 0.3679, 0.7183
-])
+@pytest.mark.parametrize(
+    "name, exp",
+    [
+        ("none", [0.0, 0.0]),
+        ("k1", [1.0, -1.0]),
+        ("k2", [0.5, 0.5]),
+        ("k3", [math.exp(-1) + 1 - 1, math.exp(1) - 1 - 1]),  # 0.3679, 0.7183
+    ],
+)
 def test_hand_computed(name, exp):
     assert torch.allclose(KL_ESTIMATOR.get(name)(LOGP, REF), torch.tensor([exp]))
 
@@ -45,9 +50,13 @@ def test_kl_penalty_rewards():
 
 
 def test_entropy_hand_computed():
-    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0],
-                           [math.log(2), 0.0, 0.0, -float("inf")],
-                           [0.0, -float("inf"), -float("inf"), -float("inf")]])
+    logits = torch.tensor(
+        [
+            [0.0, 0.0, 0.0, 0.0],
+            [math.log(2), 0.0, 0.0, -float("inf")],
+            [0.0, -float("inf"), -float("inf"), -float("inf")],
+        ]
+    )
     h = entropy_from_logits(logits)
     # uniform over 4: ln 4; (1/2, 1/4, 1/4): 0.5 ln 2 + 0.5 ln 4; one-hot: 0
     assert torch.allclose(h, torch.tensor([math.log(4), 0.5 * math.log(2) + 0.5 * math.log(4), 0.0]))

@@ -1,4 +1,5 @@
 """algo.adv.norm: hand-computed cases."""
+
 import math
 
 import pytest
@@ -11,10 +12,14 @@ P = AdvantageParams()
 
 def _inputs(mask, rewards, group, task=None, env=None):
     mask = torch.tensor(mask)
-    return AdvantageInputs(mask=mask, turn_index=torch.where(mask.bool(), 0, -1),
-                           rewards=torch.tensor(rewards), group=torch.tensor(group),
-                           task=None if task is None else torch.tensor(task),
-                           env=None if env is None else torch.tensor(env))
+    return AdvantageInputs(
+        mask=mask,
+        turn_index=torch.where(mask.bool(), 0, -1),
+        rewards=torch.tensor(rewards),
+        group=torch.tensor(group),
+        task=None if task is None else torch.tensor(task),
+        env=None if env is None else torch.tensor(env),
+    )
 
 
 def test_group_is_identity():
@@ -34,8 +39,7 @@ def test_batch_hand_computed():
 
 def test_task_hand_computed():
     # task 0 tokens (1, 3): mean 2, var 2; task 1 tokens (10, 10, 40): mean 20, var 300
-    inp = _inputs([[1, 1, 0], [1, 0, 1], [1, 0, 0]], [0.0, 0.0, 0.0], [0, 1, 2],
-                  task=[1, 0, 1])
+    inp = _inputs([[1, 1, 0], [1, 0, 1], [1, 0, 0]], [0.0, 0.0, 0.0], [0, 1, 2], task=[1, 0, 1])
     adv = torch.tensor([[10.0, 10.0, 9.0], [1.0, 9.0, 3.0], [40.0, 0.0, 9.0]])
     out = ADV_NORM.get("task")(adv, inp, P)
     a, b = 1 / math.sqrt(2), 10 / math.sqrt(300)

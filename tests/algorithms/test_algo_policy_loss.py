@@ -1,9 +1,11 @@
 """algo.clip.level: hand-computed ratios and clipping, SAMPO mask, gradient invariants."""
+
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms import POLICY_LOSS, ClipParams, negative_advantage_seq_mask
 
@@ -47,7 +49,7 @@ def test_dual_clip():
     off, _ = _call("token", logp, old, adv, mask)
     on, stats = _call("token", logp, old, adv, mask, params=ClipParams(dual_c=3.0))
     assert torch.allclose(off, torch.tensor([[5.0, 2.0]]))  # max(r, 0.8) for A = -1
-    assert torch.allclose(on, torch.tensor([[3.0, 2.0]]))   # min(5, c * 1) = 3
+    assert torch.allclose(on, torch.tensor([[3.0, 2.0]]))  # min(5, c * 1) = 3
     assert stats["dual_clip_frac"].item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="> 1"):
         ClipParams(dual_c=0.5)
@@ -99,8 +101,9 @@ def test_trajectory_spans_rows():
     """Per-step layout: one trajectory over two rows has one ratio."""
     logp = torch.tensor([[LN(2.0), 0.0], [LN(0.9), LN(0.9)]])
     adv, mask = torch.ones(2, 2), torch.ones(2, 2)
-    loss, _ = _call("trajectory", logp, torch.zeros(2, 2), adv, mask,
-                    torch.tensor([[0, 0], [1, 1]]), torch.tensor([[7, 7], [7, 7]]))
+    loss, _ = _call(
+        "trajectory", logp, torch.zeros(2, 2), adv, mask, torch.tensor([[0, 0], [1, 1]]), torch.tensor([[7, 7], [7, 7]])
+    )
     s = (2.0 * 0.81) ** 0.25
     assert torch.allclose(loss, torch.full((2, 2), -s))
 
@@ -118,7 +121,8 @@ def test_sampo_negative_advantage_mask():
     assert out.dtype == mask.dtype
     # untrained tokens stay untrained, their values never matter
     mask2 = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 0.0]])
-    logp2 = logp.clone(); logp2[0, 5] = float("nan")
+    logp2 = logp.clone()
+    logp2[0, 5] = float("nan")
     out2 = negative_advantage_seq_mask(logp2, old, adv, mask2, aid, delta=0.223)
     assert torch.equal(out2, torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0, 0.0]]))
 
@@ -129,7 +133,7 @@ def _random(seed, B, T, same=False):
     logp = old.clone() if same else old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     mask = (torch.rand(B, T, generator=g) > 0.3).long()
     # turn-actions: contiguous spans of 1-3 tokens, ids unique across the batch
-    action_id = (torch.arange(B * T).reshape(B, T) // 2)
+    action_id = torch.arange(B * T).reshape(B, T) // 2
     traj_id = torch.arange(B).repeat_interleave(T).reshape(B, T) // 2  # 2 rows per trajectory
     per_action = torch.randn(B * T, generator=g, dtype=torch.float64)
     adv = per_action[action_id]  # constant per action
@@ -155,8 +159,13 @@ def test_same_gradient_at_ratio_one(seed, B, T):
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 6), T=st.integers(1, 8),
-       level=st.sampled_from(LEVELS), dual=st.booleans())
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 6),
+    T=st.integers(1, 8),
+    level=st.sampled_from(LEVELS),
+    dual=st.booleans(),
+)
 def test_masked_positions_never_matter(seed, B, T, level, dual):
     logp, old, adv, mask, aid, tid = _random(seed, B, T)
     params = ClipParams(0.2, 0.28, 3.0 if dual else None)
@@ -165,8 +174,15 @@ def test_masked_positions_never_matter(seed, B, T, level, dual):
     off = ~mask.bool()
     noise = torch.full_like(logp, float("nan"))
     x = torch.where(off, noise, logp).requires_grad_(True)
-    loss2, stats2 = fn(x, torch.where(off, -noise, old), torch.where(off, noise, adv),
-                       mask, torch.where(off, 999, aid), torch.where(off, 999, tid), params)
+    loss2, stats2 = fn(
+        x,
+        torch.where(off, -noise, old),
+        torch.where(off, noise, adv),
+        mask,
+        torch.where(off, 999, aid),
+        torch.where(off, 999, tid),
+        params,
+    )
     loss2.sum().backward()
     assert torch.equal(loss, loss2)
     assert (loss[off] == 0).all() and torch.isfinite(loss).all()

@@ -1,4 +1,5 @@
 """Registry behaviour, AXES wiring and presets."""
+
 import pytest
 
 import algorithms as A
@@ -23,13 +24,30 @@ def test_unknown_name_lists_choices():
 
 
 def test_axes_keys_and_values():
-    assert set(A.AXES) == {"algo.clip.level", "algo.agg", "algo.adv.estimator", "algo.adv.norm",
-                           "algo.filter.name", "algo.kl.estimator"}
+    assert set(A.AXES) == {
+        "algo.clip.level",
+        "algo.agg",
+        "algo.adv.estimator",
+        "algo.adv.norm",
+        "algo.filter.name",
+        "algo.kl.estimator",
+    }
     assert A.AXES["algo.clip.level"].names() == ["token", "sequence", "trajectory", "none"]
-    assert A.AXES["algo.agg"].names() == ["token-mean", "seq-mean-token-mean",
-                                          "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert A.AXES["algo.agg"].names() == [
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ]
     assert set(A.AXES["algo.adv.estimator"].names()) == {
-        "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "gigpo"}
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "gae",
+        "gigpo",
+    }
     assert A.AXES["algo.adv.norm"].names() == ["group", "batch", "task", "env_std"]
     assert A.AXES["algo.filter.name"].names() == ["none", "dapo", "ragen_top_p", "ragen_top_k"]
     assert A.AXES["algo.kl.estimator"].names() == ["none", "k1", "k2", "k3"]

@@ -1,4 +1,5 @@
 """Fixtures of the analysis tests (the builders are in synthetic.py)."""
+
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,5 @@
 """analysis.load: results folders -> DataFrames, tolerant of partial and old folders."""
+
 import json
 import math
 
@@ -12,8 +13,20 @@ from analysis.load import resolve_metric
 def test_one_row_per_point_with_config_summary_and_cell(clip_sweep):
     df = load_results(clip_sweep)
     assert len(df) == 9
-    for col in ("point", "seed", "status", "label", "is_baseline", "config_hash", "code_version",
-                "algo.clip.level", "train.seed", "model.lora.r", "final/eval_greedy/success", "collapsed_at"):
+    for col in (
+        "point",
+        "seed",
+        "status",
+        "label",
+        "is_baseline",
+        "config_hash",
+        "code_version",
+        "algo.clip.level",
+        "train.seed",
+        "model.lora.r",
+        "final/eval_greedy/success",
+        "collapsed_at",
+    ):
         assert col in df.columns, col
     assert list(dict.fromkeys(df["label"])) == ["ppo", "dual", "none"]  # baseline first, then sweep order
     assert df.loc[df["is_baseline"], "label"].unique().tolist() == ["ppo"]
@@ -71,11 +84,20 @@ def test_multi_axis_labels_name_each_axis(tmp_path):
             cfg["algo"]["agg"] = agg
             pid = f"{level}-{agg}"
             write_point(root, pid, cfg, "done", {"final/eval_greedy/success": 0.5}, curve_rows(0.5, 0, None))
-            points.append({"id": pid, "label": None, "overrides": {"algo.clip.level": level, "algo.agg": agg},
-                           "seed": 0})
-    (root / "sweep.json").write_text(json.dumps({"name": "grid", "axes": ["algo.clip.level", "algo.agg"],
-                                                 "baseline": {"algo.clip.level": "dual", "algo.agg": "token-mean"},
-                                                 "seeds": [0], "points": points}))
+            points.append(
+                {"id": pid, "label": None, "overrides": {"algo.clip.level": level, "algo.agg": agg}, "seed": 0}
+            )
+    (root / "sweep.json").write_text(
+        json.dumps(
+            {
+                "name": "grid",
+                "axes": ["algo.clip.level", "algo.agg"],
+                "baseline": {"algo.clip.level": "dual", "algo.agg": "token-mean"},
+                "seeds": [0],
+                "points": points,
+            }
+        )
+    )
     df = load_results(root)
     assert df["label"].tolist()[0] == "clip.level=dual, algo.agg=token-mean"
     assert df["is_baseline"].tolist() == [True, False, False, False]

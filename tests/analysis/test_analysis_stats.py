@@ -1,4 +1,5 @@
 """analysis.stats: bootstrap CI, IQM and baseline differences on hand-computed cases."""
+
 import math
 
 import numpy as np

@@ -1,6 +1,7 @@
 """analysis.table: golden Markdown / LaTeX tables, baseline differences, partial sweeps.
 
 Regenerate the golden files after an intended change with UPDATE_GOLDEN=1 and read the diff."""
+
 import io
 import os
 from pathlib import Path
@@ -27,8 +28,9 @@ def test_golden_tables(clip_sweep, fmt, name):
 
 
 def test_golden_iqm_brackets(clip_sweep):
-    t = table_for(clip_sweep, ["final/eval_greedy/success", "init/eval_greedy/success"], statistic="iqm",
-                  interval="bracket")
+    t = table_for(
+        clip_sweep, ["final/eval_greedy/success", "init/eval_greedy/success"], statistic="iqm", interval="bracket"
+    )
     check_golden("clip_table_iqm.md", render(t, "markdown"))
 
 

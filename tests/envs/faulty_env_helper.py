@@ -3,6 +3,7 @@
 Actions: "ok" counts up (won at 3), "boom" raises in step, "die" ends the process with
 os._exit, "segv" sends the process SIGSEGV, "hang" sleeps; reset(seed == fail_seed) raises.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """ALFWorld env: built-in generator (six task types), official-data loading, expert, formats."""
+
 from __future__ import annotations
 
 import json
@@ -92,8 +93,13 @@ def test_train_and_heldout_are_disjoint(cache):
     assert not train & heldout
     env = make(cache, task_types=["pick_and_place_simple", "pick_two_obj_and_place"])
     assert [env.task_type(s) for s in range(6)] == [
-        "pick_and_place_simple", "pick_and_place_simple", "pick_two_obj_and_place",
-        "pick_two_obj_and_place", "pick_and_place_simple", "pick_and_place_simple"]
+        "pick_and_place_simple",
+        "pick_and_place_simple",
+        "pick_two_obj_and_place",
+        "pick_two_obj_and_place",
+        "pick_and_place_simple",
+        "pick_and_place_simple",
+    ]
 
 
 def test_invalid_actions_never_reach_the_interpreter(cache, monkeypatch):

@@ -1,5 +1,6 @@
 """Properties every reference environment keeps: determinism, expert, splits, format errors,
 info keys, reward densities, option validation (frozenlake, sokoban, tooluse)."""
+
 from __future__ import annotations
 
 import random
@@ -11,15 +12,29 @@ from envs.base import INFO_KEYS, INVALID_PREFIX, parse_choice, unwrap_answer
 from envs.demos import expert_episodes, expert_solve_rate
 
 NAMES = ["frozenlake", "sokoban", "tooluse"]
-MALFORMED = ["", "   ", "jump", "up down", "<answer>fly</answer>", "<tool_call>{", "{}",
-             "submit now", "get_city(", "<answer>up", "x" * 5000, "\x00\x01"]
+MALFORMED = [
+    "",
+    "   ",
+    "jump",
+    "up down",
+    "<answer>fly</answer>",
+    "<tool_call>{",
+    "{}",
+    "submit now",
+    "get_city(",
+    "<answer>up",
+    "x" * 5000,
+    "\x00\x01",
+]
 
 
 def random_actions(env, rng: random.Random, n: int) -> list[str]:
     """A mix of expert moves, legal-but-random moves and malformed text, decided up front."""
-    pool = {"frozenlake": ["up", "down", "left", "right"],
-            "sokoban": ["up", "down", "left", "right"],
-            "tooluse": ['get_city("Ann")', 'get_key("n")', 'set_key("out", 3)', 'upper("a")']}
+    pool = {
+        "frozenlake": ["up", "down", "left", "right"],
+        "sokoban": ["up", "down", "left", "right"],
+        "tooluse": ['get_city("Ann")', 'get_key("n")', 'set_key("out", 3)', 'upper("a")'],
+    }
     return [rng.choice(["expert", "expert", "bad", *pool[env.name]]) for _ in range(n)]
 
 

@@ -1,4 +1,5 @@
 """FrozenLake text env: rendering, holes, slippery determinism, content-disjoint splits."""
+
 from __future__ import annotations
 
 import envs
@@ -10,8 +11,7 @@ def test_render_and_moves():
     env = envs.make_env("frozenlake")
     obs, info = env.reset(0)
     assert obs == "P___\nOO__\n_OO_\nO__G" and info["score"] == 0.0
-    assert env.instructions == ("FrozenLake. You are P. Reach G, avoid holes O. "
-                                "Actions: up, down, left, right.")
+    assert env.instructions == ("FrozenLake. You are P. Reach G, avoid holes O. Actions: up, down, left, right.")
     r = env.step("right")
     assert r.observation.startswith("_P__") and r.reward == 0.0 and not r.done
     back = env.step("<answer>left</answer>")

@@ -1,4 +1,5 @@
 """Sokoban env: generator (solvable, unsolved, seeded), push rules, symbols, difficulty."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,7 @@ def test_box_on_target_and_player_on_target_symbols():
     r = env.step("down")
     assert r.observation.endswith("#####\n#___#\n#_P_#\n#_√_#\n#####") and r.done
     assert r.info["won"] and r.reward == 1.0
-    assert _render(*level_from("#####\n#S__#\n#√X_#\n#_O_#\n#####")) == \
-        "#####\n#S__#\n#√X_#\n#_O_#\n#####"
+    assert _render(*level_from("#####\n#S__#\n#√X_#\n#_O_#\n#####")) == "#####\n#S__#\n#√X_#\n#_O_#\n#####"
 
 
 @pytest.mark.parametrize("size,boxes,steps", [(6, 1, 30), (6, 2, 30), (7, 2, 50), (8, 3, 60)])

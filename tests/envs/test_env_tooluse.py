@@ -1,4 +1,5 @@
 """Tool-use env: call syntaxes, schema errors vs tool errors, goal walks, finish, expert."""
+
 from __future__ import annotations
 
 import json
@@ -12,19 +13,26 @@ from envs.tooluse_env import TOOL_SPECS, TOOLS, ToolUse, make_task, parse_call
 
 def test_both_call_syntaxes_parse_to_the_same_call():
     a = parse_call('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
-    b = parse_call(' add(1, 2)\n')
+    b = parse_call(" add(1, 2)\n")
     c = parse_call('<tool_call>{"name":"add","arguments":{"b":2,"a":1}}</tool_call>')
     assert a == b == c == ("add", (1, 2))
-    assert parse_call('finish()') == ("finish", ())
+    assert parse_call("finish()") == ("finish", ())
 
 
-@pytest.mark.parametrize("text,why", [
-    ('add(1)', "2 arguments"), ('add("1", 2)', "a must be integer"), ('nope(1)', "unknown tool"),
-    ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', "arguments"),
-    ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}}</tool_call>', "arguments"),
-    ('<tool_call>not json</tool_call>', "JSON"), ('set_key("k", true)', "string or integer"),
-    ('<tool_call>{"name": "add"}</tool_call> add(1, 2)', "write one"), ('add(1, 2', "write one"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("add(1)", "2 arguments"),
+        ('add("1", 2)', "a must be integer"),
+        ("nope(1)", "unknown tool"),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', "arguments"),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}}</tool_call>', "arguments"),
+        ("<tool_call>not json</tool_call>", "JSON"),
+        ('set_key("k", true)', "string or integer"),
+        ('<tool_call>{"name": "add"}</tool_call> add(1, 2)', "write one"),
+        ("add(1, 2", "write one"),
+    ],
+)
 def test_schema_violations_are_format_errors(text, why):
     env = envs.make_env("tooluse")
     env.reset(0)
@@ -39,7 +47,8 @@ def test_failing_calls_are_tool_errors_not_format_errors():
     assert not r.info["format_error"]
     assert r.observation.endswith("<tool_response>error: no person 'Nobody'</tool_response>")
     assert env.step('delete_key("missing")').observation.endswith(
-        "<tool_response>error: no key 'missing'</tool_response>")
+        "<tool_response>error: no key 'missing'</tool_response>"
+    )
 
 
 def test_goal_is_a_walk_whose_calls_feed_each_other():
@@ -87,7 +96,7 @@ def test_specs_are_json_schema_and_listed_in_instructions():
     json.dumps(TOOL_SPECS)
     for spec in TOOL_SPECS:
         assert spec["parameters"]["type"] == "object"
-        assert f'{spec["name"]}(' in env.instructions
+        assert f"{spec['name']}(" in env.instructions
 
 
 def test_harder_settings_are_solved_by_the_expert():

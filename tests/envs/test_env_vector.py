@@ -1,5 +1,6 @@
 """VectorEnv: lock-step stepping, truncation, worker processes equal in-process, and faults
 (exceptions, dead and hung workers) contained to their own episodes."""
+
 from __future__ import annotations
 
 import random
@@ -14,9 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import faulty_env_helper  # noqa: E402,F401  (registers the "faulty" env)
 
 NAMES = ["frozenlake", "sokoban", "tooluse"]
-MOVES = {"frozenlake": ["up", "down", "left", "right", "jump"],
-         "sokoban": ["up", "down", "left", "right", "<answer>up</answer>", "?"],
-         "tooluse": ['get_key("n")', 'get_city("Ann")', 'set_key("out", 1)', "finish()", "x"]}
+MOVES = {
+    "frozenlake": ["up", "down", "left", "right", "jump"],
+    "sokoban": ["up", "down", "left", "right", "<answer>up</answer>", "?"],
+    "tooluse": ['get_key("n")', 'get_city("Ann")', 'set_key("out", 1)', "finish()", "x"],
+}
 
 
 def rollout(venv: VectorEnv, name: str, seeds: list[int], turns: int) -> list:
@@ -25,11 +28,9 @@ def rollout(venv: VectorEnv, name: str, seeds: list[int], turns: int) -> list:
     trace = [venv.reset(seeds)]
     for _ in range(turns):
         expert = venv.expert_actions()
-        actions = [None if e is None else e if rng.random() < 0.5 else rng.choice(MOVES[name])
-                   for e in expert]
+        actions = [None if e is None else e if rng.random() < 0.5 else rng.choice(MOVES[name]) for e in expert]
         results = venv.step(actions)
-        trace.append([None if r is None else (r.observation, r.reward, r.done, r.info)
-                      for r in results])
+        trace.append([None if r is None else (r.observation, r.reward, r.done, r.info) for r in results])
         if not any(venv.active):
             break
     return trace

@@ -1,10 +1,12 @@
 """TextWorld env: generated games, caching, expert, splits, action formats, format errors."""
+
 from __future__ import annotations
 
 import random
 import shutil
 
 import pytest
+from pydantic import ValidationError
 
 pytest.importorskip("textworld")
 
@@ -108,8 +110,18 @@ def test_non_admissible_text_never_reaches_the_interpreter(cache, monkeypatch):
         raise AssertionError(f"interpreter called with {command!r}")
 
     monkeypatch.setattr(env._env, "step", boom)
-    for text in ["jump over the moon", "", "   ", "\x00\xff;quit", "restart", "go east; go west",
-                 "x" * 5000, None, "<answer>", "1"]:
+    for text in [
+        "jump over the moon",
+        "",
+        "   ",
+        "\x00\xff;quit",
+        "restart",
+        "go east; go west",
+        "x" * 5000,
+        None,
+        "<answer>",
+        "1",
+    ]:
         result = env.step(text)
         assert result.info["format_error"] and not result.done
         assert result.reward == -0.1
@@ -122,8 +134,12 @@ def test_text_is_normalised_before_matching(cache):
     env = make(cache)
     env.reset(0)
     command = env.expert_action()
-    for variant in [command.upper() + ".", f"  {command}  ", f"<answer>{command}</answer>",
-                    "> " + command.replace(" ", "   ")]:
+    for variant in [
+        command.upper() + ".",
+        f"  {command}  ",
+        f"<answer>{command}</answer>",
+        "> " + command.replace(" ", "   "),
+    ]:
         assert env.parse_action(variant).action == command
 
 
@@ -147,7 +163,7 @@ def test_episodes_end_within_a_turn_budget(cache):
     env, rng = make(cache), random.Random(2)
     for seed in SEEDS:
         _, info = env.reset(seed)
-        for turn in range(25):  # the rollout's budget; random play must never raise
+        for _ in range(25):  # the rollout's budget; random play must never raise
             result = env.step(rng.choice(info["admissible"] + ["dance", "7"]))
             info = result.info
             if result.done:
@@ -165,8 +181,7 @@ def test_observations_are_short_and_clean(cache):
         assert len(obs) < 1500
         step = env.step(env.expert_action()).observation
         assert "Goal:" not in step and ">" not in step.splitlines()[-1]
-    assert clean_objective("Welcome to TextWorld! Here is how to play! First, go east.") == \
-        "First, go east."
+    assert clean_objective("Welcome to TextWorld! Here is how to play! First, go east.") == "First, go east."
 
 
 def test_dense_progress_rewards_sum_to_one(cache):
@@ -219,16 +234,16 @@ def test_errors_propagate_as_exceptions(cache, tmp_path):
     shutil.copy(src, folder / "b.z8")
     (folder / "b.json").write_text("{not json")
     env = make(cache, game_dir=str(folder))
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever TextWorld raises must reach the caller
         env.reset(0)
 
 
 def test_options_are_validated():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         TextWorld({"world_size": 0})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         TextWorld({"worldsize": 2})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         TextWorld({"action_format": "json"})
 
 
@@ -237,8 +252,14 @@ def test_options_are_validated():
 def test_larger_games_are_generated_and_solved(tmp_path, monkeypatch, size):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     world_size, nb_objects, quest_length = size
-    env = TextWorld({"cache_dir": str(tmp_path / "cache"), "world_size": world_size,
-                     "nb_objects": nb_objects, "quest_length": quest_length})
+    env = TextWorld(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "world_size": world_size,
+            "nb_objects": nb_objects,
+            "quest_length": quest_length,
+        }
+    )
     rng = random.Random(0)
     for seed in range(3):
         assert play_expert(env, seed, detour=5, budget=60, rng=rng).info["won"]

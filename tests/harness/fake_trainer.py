@@ -7,6 +7,7 @@ model.name "fake-fail" raises, "fake-diverge" raises Diverged, "fake-flaky" fail
 file <run_dir>/heal exists, "fake-crash" kills its own process; env var FAKE_TRAIN_DELAY sleeps
 per update and FAKE_INTERRUPT_AT raises KeyboardInterrupt at that update.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Layouts and masks of training sequences, on hand-built episodes (docs/algorithms.md section 1)."""
+
 import torch
 
 from harness.rl.batch import build_batch
@@ -15,9 +16,19 @@ def _episode(group=0, ctx=False):
     for t, (obs, act) in enumerate(segs):
         seen = seen + obs
         context = ([1, 2, 3] + obs if t else list(obs)) if ctx else None  # a 'single'-style context
-        ep.steps.append(StepRecord(turn=t, obs_ids=obs, context_ids=context, action_ids=act,
-                                   sampler_logprobs=[-0.5] * len(act), action_text="x", observation="o",
-                                   reward=1.0 if t == 2 else 0.0, state_key=f"s{t}"))
+        ep.steps.append(
+            StepRecord(
+                turn=t,
+                obs_ids=obs,
+                context_ids=context,
+                action_ids=act,
+                sampler_logprobs=[-0.5] * len(act),
+                action_text="x",
+                observation="o",
+                reward=1.0 if t == 2 else 0.0,
+                state_key=f"s{t}",
+            )
+        )
         seen = seen + act
     return ep
 

@@ -1,4 +1,5 @@
 """`harness bench` measures both sides of every ratio in one process (smoke, tiny sizes)."""
+
 import math
 
 from harness.bench.run import run_bench

@@ -1,4 +1,5 @@
 """Smoke tests of the real command line (`python -m harness ...` in a subprocess)."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ HERE = Path(__file__).resolve().parent
 
 def harness(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}", **env}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_version():
@@ -28,10 +30,13 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"harness {__version__}"
 
 
-@pytest.mark.parametrize("command, options", [
-    ("sweep", ["--dry-run", "--workers", "--retry-failed", "--no-mlflow", "--results", "--backend"]),
-    ("run", ["--override", "--out", "--no-mlflow", "--dry-run", "config-docs"]),
-])
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        ("sweep", ["--dry-run", "--workers", "--retry-failed", "--no-mlflow", "--results", "--backend"]),
+        ("run", ["--override", "--out", "--no-mlflow", "--dry-run", "config-docs"]),
+    ],
+)
 def test_help(command, options):
     out = harness(command, "--help", COLUMNS="200")
     assert out.returncode == 0
@@ -68,11 +73,14 @@ def test_envs_and_config_docs():
     assert "algo.clip.level: str" in docs.stdout and "Importance-ratio level" in docs.stdout
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("algo:\n  clip:\n    level: tokn\n", ["algo.clip.level = 'tokn'", "sequence"]),
-    ("algo: {agg: token-mean\n", ["bad.yaml:", "invalid YAML"]),
-    ("turns:\n  maxx: 3\n", ["unknown key 'turns.maxx'", "Did you mean 'turns.max'"]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("algo:\n  clip:\n    level: tokn\n", ["algo.clip.level = 'tokn'", "sequence"]),
+        ("algo: {agg: token-mean\n", ["bad.yaml:", "invalid YAML"]),
+        ("turns:\n  maxx: 3\n", ["unknown key 'turns.maxx'", "Did you mean 'turns.max'"]),
+    ],
+)
 def test_bad_config_is_one_paragraph_and_exit_2(tmp_path, text, expected):
     (tmp_path / "bad.yaml").write_text(text)
     out = harness("run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "results"))
@@ -92,8 +100,14 @@ def test_bad_override_and_bad_sweep_exit_2(tmp_path):
 
 
 def test_missing_trainer_is_one_line_and_exit_1(tmp_path):
-    out = harness("run", "configs/frozenlake_tiny.yaml", "--out", str(tmp_path), "--no-mlflow",
-                  HARNESS_TRAIN_FN="no_such_trainer_module:train")
+    out = harness(
+        "run",
+        "configs/frozenlake_tiny.yaml",
+        "--out",
+        str(tmp_path),
+        "--no-mlflow",
+        HARNESS_TRAIN_FN="no_such_trainer_module:train",
+    )
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0 and "no_such_trainer_module" in out.stderr
     assert "Traceback" not in out.stderr
@@ -101,15 +115,36 @@ def test_missing_trainer_is_one_line_and_exit_1(tmp_path):
 
 def test_run_end_to_end_with_mlflow_under_results(tmp_path):
     env = {"HARNESS_TRAIN_FN": "fake_trainer:train", "MLFLOW_TRACKING_URI": ""}
-    out = harness("run", str(REPO / "configs/frozenlake_tiny.yaml"), "-o", "train.updates=3", "-o", "train.seed=4",
-                  "--out", str(tmp_path / "res"), cwd=tmp_path, **env)
+    out = harness(
+        "run",
+        str(REPO / "configs/frozenlake_tiny.yaml"),
+        "-o",
+        "train.updates=3",
+        "-o",
+        "train.seed=4",
+        "--out",
+        str(tmp_path / "res"),
+        cwd=tmp_path,
+        **env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (point,) = (tmp_path / "res" / "frozenlake_tiny").glob("train.updates=3__seed=4__*")
     summary = json.loads((point / "summary.json").read_text())
     assert summary["status"] == "done" and summary["seed"] == 4
     assert (tmp_path / "res" / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
-    again = harness("run", str(REPO / "configs/frozenlake_tiny.yaml"), "-o", "train.updates=3", "-o", "train.seed=4",
-                    "--out", str(tmp_path / "res"), "--no-mlflow", cwd=tmp_path, **env)
+    again = harness(
+        "run",
+        str(REPO / "configs/frozenlake_tiny.yaml"),
+        "-o",
+        "train.updates=3",
+        "-o",
+        "train.seed=4",
+        "--out",
+        str(tmp_path / "res"),
+        "--no-mlflow",
+        cwd=tmp_path,
+        **env,
+    )
     assert again.returncode == 0 and "1 skipped" in again.stdout
 
 

@@ -1,4 +1,5 @@
 """Strict config loading: every shipped config loads; every malformed file gets a clear message."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,13 @@ import pytest
 from algorithms.types import AdvantageParams, AggParams, ClipParams, FilterParams
 from harness.config.errors import ConfigError
 from harness.config.schema import RENAMED_KEYS, RunConfig, axis_params
-from harness.experiments.loading import (flatten, iter_config_fields, load_run_config, parse_override,
-                             validate_run_config)
+from harness.experiments.loading import (
+    flatten,
+    iter_config_fields,
+    load_run_config,
+    parse_override,
+    validate_run_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +47,16 @@ def test_every_shipped_config_loads(path):
 
 def test_overrides_are_typed_and_win(tmp_path):
     path = write(tmp_path, "algo:\n  lr: 0.5\n")
-    cfg = load_run_config(path, ["algo.lr=1e-3", "turns.max=5", "context.mask_observations=false",
-                                 "turns.curriculum=[2, 4]", "algo.clip.level=sequence"])
+    cfg = load_run_config(
+        path,
+        [
+            "algo.lr=1e-3",
+            "turns.max=5",
+            "context.mask_observations=false",
+            "turns.curriculum=[2, 4]",
+            "algo.clip.level=sequence",
+        ],
+    )
     assert cfg.algo.lr == pytest.approx(1e-3)
     assert cfg.turns.max == 5 and cfg.turns.curriculum == [2, 4]
     assert cfg.context.mask_observations is False
@@ -78,29 +92,53 @@ def test_preset_fills_only_the_keys_the_user_did_not_set(tmp_path):
 
 # A dozen malformed files: (YAML, overrides, substrings the message must contain).
 MALFORMED = {
-    "unknown-top-level-key": ("algorithm:\n  agg: token-mean\n", [],
-                              ["unknown key 'algorithm'", "Did you mean 'algo'", "model, env, turns"]),
-    "unknown-nested-key": ("algo:\n  clip:\n    levle: token\n", [],
-                           ["'algo.clip.levle'", "Did you mean 'algo.clip.level'", "eps_low"]),
-    "bad-axis-value": ("algo:\n  clip:\n    level: tokn\n", [],
-                       ["algo.clip.level = 'tokn'", "token", "sequence", "none", "Did you mean 'token'"]),
-    "bad-aggregation": ("algo:\n  agg: token_mean\n", [],
-                        ["algo.agg = 'token_mean'", "seq-mean-token-mean", "Did you mean 'token-mean'"]),
-    "bad-literal": ("context:\n  policy: windowed\n", [],
-                    ["context.policy = 'windowed'", "full", "window", "obs_truncate", "single"]),
+    "unknown-top-level-key": (
+        "algorithm:\n  agg: token-mean\n",
+        [],
+        ["unknown key 'algorithm'", "Did you mean 'algo'", "model, env, turns"],
+    ),
+    "unknown-nested-key": (
+        "algo:\n  clip:\n    levle: token\n",
+        [],
+        ["'algo.clip.levle'", "Did you mean 'algo.clip.level'", "eps_low"],
+    ),
+    "bad-axis-value": (
+        "algo:\n  clip:\n    level: tokn\n",
+        [],
+        ["algo.clip.level = 'tokn'", "token", "sequence", "none", "Did you mean 'token'"],
+    ),
+    "bad-aggregation": (
+        "algo:\n  agg: token_mean\n",
+        [],
+        ["algo.agg = 'token_mean'", "seq-mean-token-mean", "Did you mean 'token-mean'"],
+    ),
+    "bad-literal": (
+        "context:\n  policy: windowed\n",
+        [],
+        ["context.policy = 'windowed'", "full", "window", "obs_truncate", "single"],
+    ),
     "bad-type": ("turns:\n  max: many\n", [], ["turns.max = 'many'", "integer"]),
     "out-of-range": ("rollout:\n  temperature: 0\n", [], ["rollout.temperature = 0", "greater than 0"]),
     "yaml-syntax": ("algo:\n  clip: {level: token\nturns: 3\n", [], ["cfg.yaml:", "invalid YAML"]),
-    "duplicate-key": ("algo:\n  agg: token-mean\n  agg: seq-mean-token-sum\n", [],
-                      ["cfg.yaml:3", "'agg' appears twice"]),
+    "duplicate-key": (
+        "algo:\n  agg: token-mean\n  agg: seq-mean-token-sum\n",
+        [],
+        ["cfg.yaml:3", "'agg' appears twice"],
+    ),
     "top-level-list": ("- algo\n- env\n", [], ["expected a mapping", "algo"]),
     "section-not-mapping": ("algo: grpo\n", [], ["algo = 'grpo'", "a mapping with keys", "clip"]),
     "unknown-env": ("env:\n  name: frozen_lake\n", [], ["env.name = 'frozen_lake'", "frozenlake", "sokoban"]),
-    "unknown-env-option": ("env:\n  name: frozenlake\n  options: {sizee: 4}\n", [],
-                           ["env.options.sizee", "Valid keys under env.options"]),
+    "unknown-env-option": (
+        "env:\n  name: frozenlake\n  options: {sizee: 4}\n",
+        [],
+        ["env.options.sizee", "Valid keys under env.options"],
+    ),
     "conflict-gae-needs-critic": ("algo:\n  adv: {estimator: gae}\n", [], ["gae", "critic", "algo.critic.enabled"]),
-    "bad-override-value": ("", ["algo.adv.estimator=grpoo"],
-                           ["algo.adv.estimator = 'grpoo'", "rloo", "set by -o algo.adv.estimator"]),
+    "bad-override-value": (
+        "",
+        ["algo.adv.estimator=grpoo"],
+        ["algo.adv.estimator = 'grpoo'", "rloo", "set by -o algo.adv.estimator"],
+    ),
     "unknown-override-key": ("", ["algo.clip.epslow=0.1"], ["'algo.clip.epslow'", "eps_low", "set by -o"]),
     "bad-preset": ("algo:\n  preset: dapo\n", [], ["algo.preset = 'dapo'", "ppo", "grpo"]),
     "vllm-not-implemented": ("rollout:\n  backend: vllm\n", [], ["rollout.backend 'vllm' is not implemented", "'hf'"]),
@@ -140,16 +178,22 @@ def test_every_config_field_is_documented():
 @pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
 def test_a_renamed_key_names_its_new_key(tmp_path, old):
     section, _, leaf = old.rpartition(".")
-    text = "".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) + \
-        f"{'  ' * len(section.split('.'))}{leaf}: 0.5\n"
+    text = (
+        "".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split(".")))
+        + f"{'  ' * len(section.split('.'))}{leaf}: 0.5\n"
+    )
     msg = error_of(write(tmp_path, text))
     assert f"{old} was renamed to {RENAMED_KEYS[old]}" in msg
     assert f"{old} was renamed" in error_of(write(tmp_path, ""), [f"{old}=0.5"])
 
 
 # Params fields that are not config keys (fixed numerical constants of the algorithms).
-NOT_CONFIG = {ClipParams: {"log_ratio_clamp"}, AdvantageParams: {"eps", "whiten_eps"},
-              FilterParams: set(), AggParams: {"num_tokens", "num_seqs"}}
+NOT_CONFIG = {
+    ClipParams: {"log_ratio_clamp"},
+    AdvantageParams: {"eps", "whiten_eps"},
+    FilterParams: set(),
+    AggParams: {"num_tokens", "num_seqs"},
+}
 SECTIONS = {ClipParams: "algo.clip", AdvantageParams: "algo.adv", FilterParams: "algo.filter", AggParams: "algo"}
 
 
@@ -161,14 +205,20 @@ def test_axis_params_carry_the_config_key_names(cls):
         section = getattr(section, part)
     keys = set(type(section).model_fields)
     fields = {f.name for f in dataclasses.fields(cls)}
-    assert fields - NOT_CONFIG[cls] <= keys, f"{cls.__name__} fields not named as in {SECTIONS[cls]}: " \
-        f"{sorted(fields - NOT_CONFIG[cls] - keys)}"
+    assert fields - NOT_CONFIG[cls] <= keys, (
+        f"{cls.__name__} fields not named as in {SECTIONS[cls]}: {sorted(fields - NOT_CONFIG[cls] - keys)}"
+    )
 
 
 def test_axis_params_are_built_from_the_config_by_name(tmp_path):
-    cfg = load_run_config(write(tmp_path, "algo:\n  clip: {eps_low: 0.1, eps_high: 0.3, dual_c: 3.0}\n"
-                                          "  adv: {gigpo_gamma: 0.5, gigpo_episode_stats: steps}\n"
-                                          "  filter: {top_p: 0.7, top_k: 0.25}\n"))
+    cfg = load_run_config(
+        write(
+            tmp_path,
+            "algo:\n  clip: {eps_low: 0.1, eps_high: 0.3, dual_c: 3.0}\n"
+            "  adv: {gigpo_gamma: 0.5, gigpo_episode_stats: steps}\n"
+            "  filter: {top_p: 0.7, top_k: 0.25}\n",
+        )
+    )
     assert axis_params(ClipParams, cfg.algo.clip) == ClipParams(eps_low=0.1, eps_high=0.3, dual_c=3.0)
     adv = axis_params(AdvantageParams, cfg.algo.adv)
     assert (adv.gigpo_gamma, adv.gigpo_episode_stats, adv.gamma) == (0.5, "steps", 1.0)

@@ -1,14 +1,22 @@
 """Context policies on hand-built segments: exact layouts, window size, truncation marker."""
+
 from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
 from harness.config.schema import ContextConfig
-from harness.transcript.context import (APPEND_ONLY, CONTEXT_POLICIES, build_context, check_prompt_split,
-                             shown_observation, system_ids, truncate_observation)
+from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
+from harness.transcript.context import (
+    APPEND_ONLY,
+    CONTEXT_POLICIES,
+    build_context,
+    check_prompt_split,
+    shown_observation,
+    system_ids,
+    truncate_observation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +24,12 @@ def chat():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["the room is dark and the door is open", "go north", "look"] * 10, trainer)
     return ChatFormat(PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS))
 

@@ -1,13 +1,14 @@
 """Collapse diagnostics (docs/algorithms.md section 9): MI proxy math and model scoring, echo trap,
 KL spikes, checkpoint round-trips, cross-prompt similarity."""
+
 import math
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from harness.diagnostics.collapse import CollapseMonitor, EchoTrapDetector, KLSpikeDetector, cross_prompt_similarity
 from harness.bench.memory import naive_token_logprobs
+from harness.diagnostics.collapse import CollapseMonitor, EchoTrapDetector, KLSpikeDetector, cross_prompt_similarity
 from harness.diagnostics.mi_proxy import cross_logprob_matrix, distinct_prompt_pairs, mi_from_scores, mi_proxy
 
 PAD = 0
@@ -37,9 +38,7 @@ def test_mi_from_scores_constant_matrix_gives_zero_and_chance():
 
 def test_mi_from_scores_hand_case():
     # row 0: own -1 vs -2, -3 -> rank 1; row 1: own -2 beaten by -1 -> rank 2; row 2: own ties -1 with one other
-    S = torch.tensor([[-1.0, -2.0, -3.0],
-                      [-1.0, -2.0, -5.0],
-                      [-4.0, -1.0, -1.0]])
+    S = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, -5.0], [-4.0, -1.0, -1.0]])
     out = mi_from_scores(S, k=(1, 2))
     lse = lambda r: math.log(sum(math.exp(v) for v in r)) - math.log(3)  # noqa: E731
     expect = ((-1 - lse(S[0].tolist())) + (-2 - lse(S[1].tolist())) + (-1 - lse(S[2].tolist()))) / 3
@@ -60,9 +59,17 @@ def test_mi_from_scores_rejects_bad_input():
 # ----------------------------------------------------------------------------- mi_proxy on a tiny model
 def _tiny_model(seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=False, pad_token_id=PAD)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        pad_token_id=PAD,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -81,7 +88,7 @@ def test_cross_logprob_matrix_matches_naive_and_is_batch_invariant():
     a, j = 2, 3
     ids = torch.tensor([prompts[j] + responses[a]])
     lp, _ = naive_token_logprobs(model, ids, torch.ones_like(ids))
-    assert S1[a, j].item() == pytest.approx(lp[0, len(prompts[j]):].mean().item(), abs=1e-5)
+    assert S1[a, j].item() == pytest.approx(lp[0, len(prompts[j]) :].mean().item(), abs=1e-5)
 
 
 def test_identical_responses_give_zero_mi_and_chance_retrieval():

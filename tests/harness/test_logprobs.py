@@ -1,4 +1,5 @@
 """Memory-bounded log-probs: equal to the naive full log-softmax, values and gradients; less memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,15 @@ from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_lo
 
 def _model(vocab=300, hidden=32, seed=0):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -34,7 +42,7 @@ def _batch(vocab=300, B=3, T=40, seed=1):
     ids = torch.randint(0, vocab, (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.long)
     mask[1, 30:] = 0  # right padding
-    mask[2, :7] = 0   # left padding
+    mask[2, :7] = 0  # left padding
     return ids, mask
 
 
@@ -184,8 +192,11 @@ def test_constrained_values_and_gradients_equal_naive(generic_head):
         pad = lp.new_zeros(lp.shape[0], 1)
         return torch.cat([pad, lp], 1), torch.cat([pad, ent], 1)
 
-    lp, ent, g = run(lambda h: logprobs_from_hidden(model, h, ids, mask, temperature=0.8, chunk_size=7,
-                                                    with_entropy=True, allowed=al))
+    lp, ent, g = run(
+        lambda h: logprobs_from_hidden(
+            model, h, ids, mask, temperature=0.8, chunk_size=7, with_entropy=True, allowed=al
+        )
+    )
     lp0, ent0, g0 = run(naive)
     torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=0)

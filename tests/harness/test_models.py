@@ -1,4 +1,5 @@
 """The policy: tiny-model build and cache, LoRA reference, adapters, value head, load errors."""
+
 from __future__ import annotations
 
 import json
@@ -9,23 +10,36 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 import harness.model.tiny as tiny_family
-from harness.config.schema import RunConfig
 from harness.config.errors import ConfigError
+from harness.config.schema import RunConfig
 from harness.model.base import ModelError
 from harness.model.pipeline import load_policy
-from harness.model.tiny import init_tiny_model
 from harness.model.supervised import collect_demos
+from harness.model.tiny import init_tiny_model
 from harness.model.tokenizer import episode_text, train_tokenizer
 
 
 def small_cfg(**over) -> RunConfig:
     """A tiny model that builds in about a second."""
-    cfg = RunConfig.model_validate({
-        "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
-                           "vocab_size": 320, "max_position": 256, "pretrain_demos": 12, "pretrain_epochs": 1,
-                           "pretrain_batch_size": 4},
-                  "lora": {"r": 4, "alpha": 8}},
-        "train": {"seed": 3}})
+    cfg = RunConfig.model_validate(
+        {
+            "model": {
+                "tiny": {
+                    "hidden_size": 32,
+                    "num_layers": 1,
+                    "num_heads": 2,
+                    "intermediate_size": 64,
+                    "vocab_size": 320,
+                    "max_position": 256,
+                    "pretrain_demos": 12,
+                    "pretrain_epochs": 1,
+                    "pretrain_batch_size": 4,
+                },
+                "lora": {"r": 4, "alpha": 8},
+            },
+            "train": {"seed": 3},
+        }
+    )
     for key, value in over.items():
         obj, *path, leaf = [cfg, *key.split(".")]
         for part in path:
@@ -108,6 +122,7 @@ def test_lora_reference_is_base_and_stays(lora_policy, tmp_path):
     assert trainable and all("lora_" in n for n, q in p.model.named_parameters() if q.requires_grad)
     opt = torch.optim.SGD(trainable, lr=1.0)
     from harness.model.logprobs import token_logprobs
+
     for _ in range(2):  # two steps: the first only moves B (A's gradient is 0 while B = 0)
         opt.zero_grad()
         (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
@@ -165,6 +180,7 @@ def test_full_finetune_reference_is_a_frozen_copy(tmp_path):
         assert ref is not p.model and not any(q.requires_grad for q in ref.parameters())
     opt = torch.optim.SGD(p.actor_parameters(), lr=0.5)
     from harness.model.logprobs import token_logprobs
+
     (-token_logprobs(p.model, ids, mask)[0].sum()).backward()
     opt.step()
     assert not torch.allclose(_logits(p.model, ids, mask), before, atol=1e-4)
@@ -182,8 +198,11 @@ def test_sft_warmup_is_cached_and_is_the_reference(tmp_path, monkeypatch):
         warm = _logits(ref, ids, mask)
     assert not torch.allclose(warm, _logits(base.eval(), ids, mask), atol=1e-4)  # the reference is the SFT model
     monkeypatch.setattr("harness.model.sft.sft_train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
-    q = load_policy(small_cfg(**{"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3,
-                                 "train.seed": 5}), tmp_path, "cpu")
+    q = load_policy(
+        small_cfg(**{"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3, "train.seed": 5}),
+        tmp_path,
+        "cpu",
+    )
     assert not q.info["sft_built"]
     with q.reference() as ref:
         torch.testing.assert_close(_logits(ref, ids, mask), warm, rtol=0, atol=0)
@@ -206,6 +225,7 @@ def _racer(root, out, barrier):
         with open(out, "a") as f:
             f.write("built\n")
         import time
+
         time.sleep(0.3)  # a slow build: the other process must wait, not build again
         (tmp / "weights.bin").write_bytes(b"x")
         return {"ok": True}

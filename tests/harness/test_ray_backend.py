@@ -2,6 +2,7 @@
 identical to the local backend's with the real trainer, retries, a local instance started by the
 command itself, and the message when ray is not installed.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,14 @@ def cli_env(**env: str) -> dict[str, str]:
 
 
 def harness(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=cli_env(**env),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def free_port() -> int:
@@ -68,10 +75,28 @@ def ray_head():
     """`ray start --head --block` on 127.0.0.1; stopped (SIGTERM to that process) after the module."""
     port, temp = free_port(), tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Unix socket paths
     log = open(Path(temp) / "head.log", "w")
-    proc = subprocess.Popen([str(RAY), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                             "--include-dashboard", "false", "--num-cpus", "2", "--disable-usage-stats",
-                             "--temp-dir", temp, "--block"], env=cli_env(**LOOPBACK_ONLY), stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(RAY),
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "false",
+            "--num-cpus",
+            "2",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp,
+            "--block",
+        ],
+        env=cli_env(**LOOPBACK_ONLY),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
@@ -116,15 +141,25 @@ def test_ray_sweep_matches_the_local_backend_with_the_real_trainer(tmp_path, ray
     sweep = load_sweep(path)
     local = run_sweep(sweep, RunOptions(results=tmp_path / "local"))
     assert local.ok and local.counts["done"] == 2
-    out = harness("sweep", str(path), "--backend", "ray", "--address", ray_head, "--results", str(tmp_path / "ray"),
-                  "--no-mlflow", HARNESS_TRAIN_FN="")
+    out = harness(
+        "sweep",
+        str(path),
+        "--backend",
+        "ray",
+        "--address",
+        ray_head,
+        "--results",
+        str(tmp_path / "ray"),
+        "--no-mlflow",
+        HARNESS_TRAIN_FN="",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sweep s: 2 done, 0 diverged, 0 failed" in out.stdout
     for p in sweep.points:
         a, b = files(tmp_path / "local" / "s" / p.id), files(tmp_path / "ray" / "s" / p.id)
         assert set(a) == set(b)
         for name in ("metrics.jsonl", "samples.jsonl", "config.yaml", "status"):
-            assert a[name] == b[name], name      # every metrics row, bit for bit
+            assert a[name] == b[name], name  # every metrics row, bit for bit
         assert len(read_jsonl(tmp_path / "ray" / "s" / p.id / "metrics.jsonl")) == 3
         sa, sb = json.loads(a["summary.json"]), json.loads(b["summary.json"])
         assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "done"
@@ -133,11 +168,27 @@ def test_ray_sweep_matches_the_local_backend_with_the_real_trainer(tmp_path, ray
 
 def test_local_instance_on_loopback_with_retries(tmp_path):
     base = {"env": {"name": "frozenlake"}, "train": {"updates": 2, "eval_every": 1}, "tracking": {"mlflow": False}}
-    path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3, 2.0e-3]}, [
-        {"label": "once", "model.name": "fake-once"}, {"label": "never", "model.name": "fake-fail"}])
+    path = write_sweep(
+        tmp_path,
+        base,
+        {"algo.lr": [1.0e-3, 2.0e-3]},
+        [{"label": "once", "model.name": "fake-once"}, {"label": "never", "model.name": "fake-fail"}],
+    )
     results = tmp_path / "results"
-    out = harness("sweep", str(path), "--backend", "ray", "--retries", "1", "--workers", "2", "--results",
-                  str(results), "--no-mlflow", HARNESS_TRAIN_FN="tune_fake_trainer:train")
+    out = harness(
+        "sweep",
+        str(path),
+        "--backend",
+        "ray",
+        "--retries",
+        "1",
+        "--workers",
+        "2",
+        "--results",
+        str(results),
+        "--no-mlflow",
+        HARNESS_TRAIN_FN="tune_fake_trainer:train",
+    )
     assert out.returncode == 1, out.stdout + out.stderr  # one point fails for good
     assert "sweep s: 3 done, 0 diverged, 1 failed" in out.stdout
     by_label = {p.label or p.variant: p.id for p in load_sweep(path).points}
@@ -152,11 +203,26 @@ def test_local_instance_on_loopback_with_retries(tmp_path):
 
 
 def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
-    base = {"env": {"name": "frozenlake"}, "train": {"updates": 12, "eval_every": 4, "checkpoint_every": 1},
-            "tracking": {"mlflow": False}}
+    base = {
+        "env": {"name": "frozenlake"},
+        "train": {"updates": 12, "eval_every": 4, "checkpoint_every": 1},
+        "tracking": {"mlflow": False},
+    }
     path, results = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3, 2.0e-3]}), tmp_path / "results"
-    cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--backend", "ray", "--workers", "2", "--results",
-           str(results), "--no-mlflow"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "sweep",
+        str(path),
+        "--backend",
+        "ray",
+        "--workers",
+        "2",
+        "--results",
+        str(results),
+        "--no-mlflow",
+    ]
     env = cli_env(HARNESS_TRAIN_FN="tune_fake_trainer:train", FAKE_TRAIN_DELAY="0.5")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     dirs = [results / "s" / p.id for p in load_sweep(path).points]
@@ -170,22 +236,26 @@ def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
     for d in dirs:
         assert (d / "status").read_text().strip() == "running"
         assert [e["event"] for e in read_jsonl(d / "events.jsonl")] == ["start", "interrupted"]
-    again = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_TRAIN_DELAY": "0"}, capture_output=True, text=True,
-                           timeout=300)
+    again = subprocess.run(
+        cmd, cwd=REPO, env={**env, "FAKE_TRAIN_DELAY": "0"}, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
     for d in dirs:
         starts = [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")]
-        assert starts[0] == 0 and starts[1] >= 1 and len(starts) == 2    # resumed from its checkpoint
+        assert starts[0] == 0 and starts[1] >= 1 and len(starts) == 2  # resumed from its checkpoint
         assert [r["update"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(13))
 
 
 def test_missing_ray_and_misplaced_options_are_clear_messages(tmp_path):
     base = {"env": {"name": "frozenlake"}, "tracking": {"mlflow": False}}
     path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})
-    code = ("import sys; sys.modules['ray'] = None; from harness.cli.main import main; "
-            f"main(['sweep', {str(path)!r}, '--backend', 'ray', '--results', {str(tmp_path / 'r')!r}])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import sys; sys.modules['ray'] = None; from harness.cli.main import main; "
+        f"main(['sweep', {str(path)!r}, '--backend', 'ray', '--results', {str(tmp_path / 'r')!r}])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 1 and "--backend ray needs the `ray` package" in out.stderr
     assert "pip install -e '.[dist]'" in out.stderr and "Traceback" not in out.stderr
     out = harness("sweep", str(path), "--address", "127.0.0.1:1", "--results", str(tmp_path / "r"))

@@ -1,4 +1,5 @@
 """Rollout engine: exact ids, sampler log-probs vs a full forward, KV reuse, policies, budgets."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,28 +11,44 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from envs.base import Env, ParsedAction, StepResult
-from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
 from harness.config.schema import RunConfig
 from harness.rl.rollout import collect, turn_budget_at
+from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
 
-CORPUS = ["count the steps and answer go or stop", "go left go right ab ab abab cab",
-          "You are counting. Say go until done.", "state 0 1 2 3 4 5 6 7 8 9 x y z ab", "stop go"] * 20
+CORPUS = [
+    "count the steps and answer go or stop",
+    "go left go right ab ab abab cab",
+    "You are counting. Say go until done.",
+    "state 0 1 2 3 4 5 6 7 8 9 x y z ab",
+    "stop go",
+] * 20
 
 
 def tiny_chat() -> ChatFormat:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return ChatFormat(PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS))
 
 
 def tiny_model(vocab: int, attn: str = "sdpa", seed: int = 0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=2048,
+    )
     model = Qwen2ForCausalLM(cfg)
     model.config._attn_implementation = attn
     return model.eval()
@@ -68,8 +85,13 @@ class CounterEnv(Env):
         return f"state {self.k} " + "x y z " * ((self.seed + self.k) % 5)
 
     def _info(self, fmt=False):
-        return {"won": self.k >= self.length, "score": self.k / self.length, "admissible": self.admissible_actions,
-                "state_key": f"{self.seed}:{self.k}", "format_error": fmt}
+        return {
+            "won": self.k >= self.length,
+            "score": self.k / self.length,
+            "admissible": self.admissible_actions,
+            "state_key": f"{self.seed}:{self.k}",
+            "format_error": fmt,
+        }
 
     def reset(self, seed):
         self.seed, self.k, self.length = seed, 0, 1 + seed % 4
@@ -139,8 +161,16 @@ def eot_biased(chat, attn="sdpa", eot_bias=3.0):
 def run(model, chat, tasks, cfg=None, env=CounterEnv, seed=0, **kw):
     cfg = cfg or make_cfg()
     venv = FakeVectorEnv(env, len(tasks), **kw.pop("env_attrs", {}))
-    return collect(model, chat, venv, tasks, cfg, generator=torch.Generator().manual_seed(seed),
-                   instructions=venv.instructions, **kw)
+    return collect(
+        model,
+        chat,
+        venv,
+        tasks,
+        cfg,
+        generator=torch.Generator().manual_seed(seed),
+        instructions=venv.instructions,
+        **kw,
+    )
 
 
 def make_cfg(**over) -> RunConfig:
@@ -194,9 +224,11 @@ def test_kv_reuse_logprobs_equal_full_forward(chat, variant):
     model = eot_biased(chat, attn="eager" if variant == "eager" else "sdpa")
     if variant == "peft":
         from peft import LoraConfig, get_peft_model
+
         torch.manual_seed(1)
-        model.inner = get_peft_model(model.inner, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                             init_lora_weights=False))
+        model.inner = get_peft_model(
+            model.inner, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
     cfg = make_cfg(rollout__temperature=0.7, rollout__top_p=0.8 if variant == "top_p" else 1.0)
     eps = run(model, chat, TASKS, cfg)
     turns = [e.num_turns for e in eps]
@@ -222,11 +254,12 @@ def test_no_decode_encode_drift(chat):
     """The model is steered to emit 'a','b',EOT; 'ab' is one BPE token, so decode->encode would
     give different ids. Records keep the sampled ids, and the trainer's stream is what was fed."""
     from harness.rl.batch import episode_stream
+
     V = len(chat.tokenizer)
     a, b = chat.encode("a")[0], chat.encode("b")[0]
     assert chat.encode("ab") != [a, b]  # re-encoding would merge
     table = torch.zeros(V, V)
-    table[chat.observation("x")[-1], a] = 50.0   # after "assistant\n": a
+    table[chat.observation("x")[-1], a] = 50.0  # after "assistant\n": a
     table[a, b] = 50.0
     table[b, chat.eot_id] = 50.0
     model = Biased(tiny_model(V), table)
@@ -293,6 +326,7 @@ def _segments(ep, system_len):
 @pytest.mark.parametrize("policy", ["window", "single", "obs_truncate"])
 def test_context_policies(chat, policy):
     from harness.transcript.context import system_ids
+
     model = eot_biased(chat)
     cfg = make_cfg(context__policy=policy, context__window=2, context__obs_tokens=4, rollout__temperature=0.7)
     eps = run(model, chat, TASKS[:4], cfg, env=EndlessEnv, turn_budget=5)
@@ -312,9 +346,11 @@ def test_context_policies(chat, policy):
                 if len(chat.encode(st.observation)) > 4:
                     assert TRUNCATED in chat.tokenizer.decode(st.obs_ids) and st.obs_ids != body
                     assert len(segs[t]) <= len(chat.observation("")) + 4 + len(chat.encode(TRUNCATED))
-            assert st.context_ids[-len(st.obs_ids):] == st.obs_ids
-            targets = [(len(st.context_ids) - 1 + k, a, lp)
-                       for k, (a, lp) in enumerate(zip(st.action_ids, st.sampler_logprobs))]
+            assert st.context_ids[-len(st.obs_ids) :] == st.obs_ids
+            targets = [
+                (len(st.context_ids) - 1 + k, a, lp)
+                for k, (a, lp) in enumerate(zip(st.action_ids, st.sampler_logprobs))
+            ]
             assert max_logprob_error(model, st.context_ids + st.action_ids, targets, 0.7) < 1e-4
     if policy == "obs_truncate":
         assert any(TRUNCATED in chat.tokenizer.decode(s.obs_ids) for e in eps for s in e.steps)
@@ -322,6 +358,7 @@ def test_context_policies(chat, policy):
 
 def test_constrained_decoding_emits_only_admissible(chat):
     from harness.rl.sampling import ActionTrie
+
     admissible = ["go", "stop", "go left", "ab", "x y z"]
     model = eot_biased(chat, eot_bias=0.0)
     cfg = make_cfg(rollout__constrain=True, rollout__temperature=1.3, max_new_tokens=12)
@@ -352,8 +389,9 @@ def test_constrained_decoding_emits_only_admissible(chat):
 def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
     """The training batch carries each constrained token's admissible set, so the trainer's
     log-probs are those of the renormalised distribution the sampler drew from (both layouts)."""
-    from harness.rl.batch import build_batch
     from harness.model.logprobs import token_logprobs
+    from harness.rl.batch import build_batch
+
     admissible = ["go", "stop", "go left", "ab", "x y z"]
     model = tiny_model(len(chat.tokenizer))
     cfg = make_cfg(rollout__constrain=True, rollout__temperature=1.3, context__policy=policy, max_new_tokens=12)
@@ -373,9 +411,11 @@ def test_trainer_logprobs_equal_constrained_sampler(chat, policy):
     sub = batch.rows(torch.tensor([1, 2]))
     assert sub.allowed.shape[:2] == sub.input_ids.shape
     from harness.diagnostics.episode_metrics import episode_metrics
+
     mass = episode_metrics(eps, "env")["env/constrained_mass"]
-    zs = [math.exp(r - c) for ep in eps for st in ep.steps
-          for r, c in zip(st.unconstrained_logprobs, st.sampler_logprobs)]
+    zs = [
+        math.exp(r - c) for ep in eps for st in ep.steps for r, c in zip(st.unconstrained_logprobs, st.sampler_logprobs)
+    ]
     assert 0 < min(zs) and max(zs) <= 1 + 1e-5 and mass == pytest.approx(sum(zs) / len(zs))
     assert "env/constrained_mass" not in episode_metrics(run(model, chat, TASKS[:2]), "env")
 
@@ -392,6 +432,7 @@ def test_env_error_ends_episode(chat):
 
 def test_bench_helpers_smoke(chat):
     from harness.bench.rollout import bench_batched_vs_sequential, bench_turn_cost
+
     model = eot_biased(chat, eot_bias=-1e4)
     cfg = make_cfg(max_new_tokens=3)
     r = bench_batched_vs_sequential(model, chat, cfg, batch=2, turns=2)
@@ -403,12 +444,20 @@ def test_bench_helpers_smoke(chat):
 def test_with_real_vector_env(chat):
     """The real VectorEnv contract (frozenlake, in-process), constrained and free decoding."""
     from envs.vector import VectorEnv
+
     model = eot_biased(chat, eot_bias=0.0)
     for constrain in (True, False):
         cfg = make_cfg(rollout__constrain=constrain, turns__overflow_penalty=0.1)
         with VectorEnv("frozenlake", n=4, max_turns=3) as venv:
-            eps = collect(model, chat, venv, [(0, 0), (0, 0), (2, 1), (2, 1)], cfg,
-                          generator=torch.Generator().manual_seed(0), instructions=venv.instructions)
+            eps = collect(
+                model,
+                chat,
+                venv,
+                [(0, 0), (0, 0), (2, 1), (2, 1)],
+                cfg,
+                generator=torch.Generator().manual_seed(0),
+                instructions=venv.instructions,
+            )
         for ep in eps:
             assert 1 <= ep.num_turns <= 3 and ep.env_error is None
             if ep.truncated:

@@ -2,6 +2,7 @@
 
 Uses the deterministic fake trainer of tests/harness/fake_trainer.py (HARNESS_TRAIN_FN hook).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fake_trainer
 import pytest
 
-import fake_trainer
 from harness.experiments.runner import RunOptions, plan, read_status, run_point, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger, atomic_write_text, read_jsonl
@@ -30,8 +31,9 @@ tracking: {mlflow: false}
 """
 
 
-def make_sweep(tmp_path: Path, points: str = "", grid: str = "algo.lr: [1.0e-4, 2.0e-4]", seeds: str = "[0, 1]",
-               base: str = BASE) -> Path:
+def make_sweep(
+    tmp_path: Path, points: str = "", grid: str = "algo.lr: [1.0e-4, 2.0e-4]", seeds: str = "[0, 1]", base: str = BASE
+) -> Path:
     (tmp_path / "base.yaml").write_text(base)
     body = f"name: s\nbase: base.yaml\ngrid: {{{grid}}}\nseeds: {seeds}\n"
     if points:
@@ -85,8 +87,10 @@ def test_rerun_skips_done_points(tmp_path):
 
 
 def test_failures_do_not_stop_the_sweep_and_are_retried_only_on_request(tmp_path):
-    points = ("  - {label: bad, model.name: fake-fail}\n  - {label: flaky, model.name: fake-flaky}\n"
-              "  - {label: nan, model.name: fake-diverge}\n")
+    points = (
+        "  - {label: bad, model.name: fake-fail}\n  - {label: flaky, model.name: fake-flaky}\n"
+        "  - {label: nan, model.name: fake-diverge}\n"
+    )
     sweep = load_sweep(make_sweep(tmp_path, points=points, grid="algo.lr: [1.0e-4]", seeds="[0]"))
     first = run_sweep(sweep, opts(tmp_path))
     assert first.counts == {"done": 1, "diverged": 1, "failed": 2, "skipped": 0, "busy": 0}
@@ -132,8 +136,12 @@ def test_logger_drops_rows_after_the_checkpoint_and_torn_lines(tmp_path):
     logger = RunLogger(tmp_path)  # resumed
     logger.truncate_after(3)
     logger.log(4, {"x": 40.0})
-    assert [(r["update"], r["x"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == \
-        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    assert [(r["update"], r["x"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+    ]
 
 
 def test_logger_never_duplicates_an_update_even_without_truncate(tmp_path):
@@ -176,8 +184,14 @@ def test_a_point_locked_by_another_process_is_not_run_twice(tmp_path):
 
 def test_workers_run_points_in_processes_and_survive_a_crash(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{REPO}")
-    sweep = load_sweep(make_sweep(tmp_path, points="  - {label: crash, model.name: fake-crash}\n",
-                                  grid="algo.lr: [1.0e-4, 2.0e-4]", seeds="[0]"))
+    sweep = load_sweep(
+        make_sweep(
+            tmp_path,
+            points="  - {label: crash, model.name: fake-crash}\n",
+            grid="algo.lr: [1.0e-4, 2.0e-4]",
+            seeds="[0]",
+        )
+    )
     o = RunOptions(results=tmp_path / "results", train_fn="fake_trainer:train", workers=2)
     result = run_sweep(sweep, o)
     assert result.counts["done"] == 2 and result.counts["failed"] == 1
@@ -194,8 +208,9 @@ def test_same_seed_gives_identical_metrics(tmp_path):
     run_sweep(sweep, RunOptions(results=tmp_path / "a", train_fn=fake_trainer.train))
     run_sweep(sweep, RunOptions(results=tmp_path / "b", train_fn=fake_trainer.train))
     pid = sweep.points[0].id
-    assert (tmp_path / "a" / "s" / pid / "metrics.jsonl").read_bytes() == \
-        (tmp_path / "b" / "s" / pid / "metrics.jsonl").read_bytes()
+    assert (tmp_path / "a" / "s" / pid / "metrics.jsonl").read_bytes() == (
+        tmp_path / "b" / "s" / pid / "metrics.jsonl"
+    ).read_bytes()
 
 
 # ----------------------------------------------------------------------------- killing the real CLI
@@ -215,25 +230,44 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None
 
 def _cli_sweep(tmp_path: Path, lrs: str, updates: int, workers: int) -> tuple[Any, list[Path], list[str]]:
     """A one-seed sweep over algo.lr: (sweep, its point folders, the `harness sweep` command)."""
-    sweep_file = make_sweep(tmp_path, grid=f"algo.lr: [{lrs}]", seeds="[0]",
-                            base=BASE.replace("updates: 6", f"updates: {updates}"))
+    sweep_file = make_sweep(
+        tmp_path, grid=f"algo.lr: [{lrs}]", seeds="[0]", base=BASE.replace("updates: 6", f"updates: {updates}")
+    )
     sweep = load_sweep(sweep_file)
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "harness", "sweep", str(sweep_file), "--results", str(results), "--no-mlflow",
-           "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "sweep",
+        str(sweep_file),
+        "--results",
+        str(results),
+        "--no-mlflow",
+        "--workers",
+        str(workers),
+    ]
     return sweep, [results / "s" / p.id for p in sweep.points], cmd
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, workers):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4, 3.0e-4", 12, workers)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
     # kill when one point is done and another is part way (between two checkpoints or past one)
     def part_way() -> bool:
         rows = [len(read_jsonl(d / "metrics.jsonl")) for d in dirs]
         return any(read_status(d) == "done" for d in dirs) and any(
-            read_status(d) == "running" and 5 <= n <= 9 for d, n in zip(dirs, rows))
+            read_status(d) == "running" and 5 <= n <= 9 for d, n in zip(dirs, rows)
+        )
 
     _wait_for(part_way, proc)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -257,8 +291,14 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4", 40, workers=2)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(lambda: all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs), proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -274,14 +314,28 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
 def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
     from harness.experiments.sweep import single_point
 
-    overrides = ["train.updates=2", "train.eval_every=1", "train.eval_episodes=2", "rollout.group_size=2",
-                 "rollout.tasks_per_update=2", "model.tiny.pretrain_demos=8", "model.tiny.pretrain_epochs=1",
-                 "env.heldout_tasks=2", "train.checkpoint_every=0", "train.device=cpu", "tracking.mlflow=false"]
+    overrides = [
+        "train.updates=2",
+        "train.eval_every=1",
+        "train.eval_episodes=2",
+        "rollout.group_size=2",
+        "rollout.tasks_per_update=2",
+        "model.tiny.pretrain_demos=8",
+        "model.tiny.pretrain_epochs=1",
+        "env.heldout_tasks=2",
+        "train.checkpoint_every=0",
+        "train.device=cpu",
+        "tracking.mlflow=false",
+    ]
     point = single_point(REPO / "configs" / "frozenlake_tiny.yaml", overrides).points[0]
     rows = []
     for out in ("a", "b"):
         res = run_point(point, "det", RunOptions(results=tmp_path / out))
         assert res["status"] == "done", res
-        rows.append([{k: v for k, v in r.items() if not k.startswith("perf/")}
-                     for r in read_jsonl(tmp_path / out / "det" / point.id / "metrics.jsonl")])
+        rows.append(
+            [
+                {k: v for k, v in r.items() if not k.startswith("perf/")}
+                for r in read_jsonl(tmp_path / out / "det" / point.id / "metrics.jsonl")
+            ]
+        )
     assert rows[0] and rows[0] == rows[1]

@@ -1,21 +1,35 @@
 """SFT on expert demonstrations: the rollout's token layout, loss on action tokens only, learning,
 determinism. A slow test measures held-out greedy success of the default tiny model."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.transcript.chat import ChatFormat
-from harness.config.schema import ContextConfig, RunConfig
-from harness.transcript.context import build_context, system_ids
 from harness.bench.memory import naive_token_logprobs
+from harness.config.schema import ContextConfig, RunConfig
+from harness.model.supervised import (
+    action_loss,
+    collate,
+    collect_demos,
+    demo_examples,
+    encode_demo,
+    length_batches,
+    sft_train,
+)
 from harness.model.tiny import init_tiny_model
-from harness.model.supervised import (action_loss, collate, collect_demos, demo_examples, encode_demo, length_batches,
-                         sft_train)
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.transcript.chat import ChatFormat
+from harness.transcript.context import build_context, system_ids
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "vocab_size": 320,
-        "max_position": 256}
+TINY = {
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 320,
+    "max_position": 256,
+}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +92,7 @@ def test_max_len_drops_whole_turns(setup):
     d = max(demos, key=lambda d: len(d.actions))
     ids, mask = encode_demo(chat, d, 10_000)
     cut_ids, cut_mask = encode_demo(chat, d, len(ids) - 1)
-    assert len(_spans(cut_mask)) == len(d.actions) - 1 and ids[:len(cut_ids)] == cut_ids
+    assert len(_spans(cut_mask)) == len(d.actions) - 1 and ids[: len(cut_ids)] == cut_ids
     assert cut_ids[-1] == chat.eot_id
 
 
@@ -126,9 +140,16 @@ def greedy_success(policy, cfg: RunConfig, n: int = 200, greedy: bool = True) ->
     seeds = ENVS.get(cfg.env.name).task_seeds("heldout", n, cfg.env.options)
     venv = VectorEnv(cfg.env.name, cfg.env.options, n=n)
     try:
-        eps = collect(policy.model, policy.chat, venv, [(s, i) for i, s in enumerate(seeds)], cfg,
-                      generator=torch.Generator().manual_seed(0), greedy=greedy,
-                      instructions=make_env(cfg.env.name, cfg.env.options).instructions)
+        eps = collect(
+            policy.model,
+            policy.chat,
+            venv,
+            [(s, i) for i, s in enumerate(seeds)],
+            cfg,
+            generator=torch.Generator().manual_seed(0),
+            greedy=greedy,
+            instructions=make_env(cfg.env.name, cfg.env.options).instructions,
+        )
     finally:
         venv.close()
     return sum(e.won for e in eps) / n

@@ -1,4 +1,5 @@
 """Sweep expansion: shipped sweeps, grid / zip / points, baselines, stable ids, axis isolation."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.schema import RunConfig
 from harness.config.errors import ConfigError
+from harness.config.schema import RunConfig
 from harness.experiments.loading import flatten, iter_config_fields
 from harness.experiments.provenance import config_hash
 from harness.experiments.sweep import load_sweep, short_key
@@ -44,7 +45,9 @@ def test_the_clipping_sweep_exists():
 
 
 def test_grid_is_a_cartesian_product_and_zip_varies_together(tmp_path):
-    path = write_sweep(tmp_path, """
+    path = write_sweep(
+        tmp_path,
+        """
 name: t
 base: base.yaml
 grid:
@@ -53,7 +56,8 @@ grid:
 zip:
   - {algo.clip.eps_low: [0.1, 0.2], algo.clip.eps_high: [0.3, 0.4]}
 seeds: [0, 1]
-""")
+""",
+    )
     sweep = load_sweep(path)
     assert len(sweep.points) == 2 * 3 * 2 * 2
     pairs = {(p.config.algo.clip.eps_low, p.config.algo.clip.eps_high) for p in sweep.points}
@@ -63,7 +67,9 @@ seeds: [0, 1]
 
 
 def test_points_are_added_to_the_grid_with_labels_and_baseline_by_label(tmp_path):
-    path = write_sweep(tmp_path, """
+    path = write_sweep(
+        tmp_path,
+        """
 name: t
 base: base.yaml
 grid: {algo.agg: [token-mean, seq-mean-token-sum]}
@@ -71,7 +77,8 @@ points:
   - {label: gspo, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4}
 seeds: [0, 1, 2]
 baseline: gspo
-""")
+""",
+    )
     sweep = load_sweep(path)
     assert len(sweep.points) == 3 * 3
     base = [p for p in sweep.points if p.is_baseline]
@@ -81,13 +88,16 @@ baseline: gspo
 
 
 def test_baseline_by_overrides(tmp_path):
-    path = write_sweep(tmp_path, """
+    path = write_sweep(
+        tmp_path,
+        """
 name: t
 base: base.yaml
 grid: {algo.agg: [token-mean, seq-mean-token-sum]}
 seeds: [0, 1, 2]
 baseline: {algo.agg: seq-mean-token-sum}
-""")
+""",
+    )
     sweep = load_sweep(path)
     assert sweep.baseline == "agg=seq-mean-token-sum"
     assert all(p.config.algo.agg == "seq-mean-token-sum" for p in sweep.points if p.is_baseline)
@@ -110,7 +120,10 @@ def test_point_id_is_slug_seed_and_config_hash(tmp_path):
 
 
 def _ids_in_subprocess(path: Path) -> list[str]:
-    code = f"from harness.experiments.sweep import load_sweep; print('\\n'.join(p.id for p in load_sweep({str(path)!r}).points))"
+    code = (
+        f"from harness.experiments.sweep import load_sweep; "
+        f"print('\\n'.join(p.id for p in load_sweep({str(path)!r}).points))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     return out.stdout.split()
 
@@ -143,26 +156,42 @@ def test_config_hash_covers_every_field():
 
 
 SWEEP_ERRORS = {
-    "unknown-sweep-key": ("name: t\nbase: base.yaml\ngrids: {algo.agg: [token-mean]}\n",
-                          ["unknown key 'grids'", "Did you mean 'grid'"]),
-    "bad-axis-value-in-grid": ("name: t\nbase: base.yaml\ngrid: {algo.clip.level: [token, tokn]}\n",
-                               ["algo.clip.level = 'tokn'", "sequence", "set by the sweep's grid"]),
-    "zip-lengths": ("name: t\nbase: base.yaml\nzip:\n  - {algo.clip.eps_low: [0.1, 0.2], algo.clip.eps_high: [0.3]}\n",
-                    ["zip group 1", "different lengths"]),
-    "baseline-not-found": ("name: t\nbase: base.yaml\npoints: [{label: a, algo.agg: seq-mean-token-sum}]\nbaseline: b\n",
-                           ["baseline 'b'", "choose one of: a"]),
-    "baseline-overrides-not-found": ("name: t\nbase: base.yaml\ngrid: {algo.agg: [seq-mean-token-sum]}\n"
-                                     "baseline: {algo.agg: token-mean}\n", ["matches no point"]),
-    "duplicate-labels": ("name: t\nbase: base.yaml\npoints: [{label: a, turns.max: 3}, {label: a, turns.max: 4}]\n",
-                         ["label 'a' is used twice"]),
+    "unknown-sweep-key": (
+        "name: t\nbase: base.yaml\ngrids: {algo.agg: [token-mean]}\n",
+        ["unknown key 'grids'", "Did you mean 'grid'"],
+    ),
+    "bad-axis-value-in-grid": (
+        "name: t\nbase: base.yaml\ngrid: {algo.clip.level: [token, tokn]}\n",
+        ["algo.clip.level = 'tokn'", "sequence", "set by the sweep's grid"],
+    ),
+    "zip-lengths": (
+        "name: t\nbase: base.yaml\nzip:\n  - {algo.clip.eps_low: [0.1, 0.2], algo.clip.eps_high: [0.3]}\n",
+        ["zip group 1", "different lengths"],
+    ),
+    "baseline-not-found": (
+        "name: t\nbase: base.yaml\npoints: [{label: a, algo.agg: seq-mean-token-sum}]\nbaseline: b\n",
+        ["baseline 'b'", "choose one of: a"],
+    ),
+    "baseline-overrides-not-found": (
+        "name: t\nbase: base.yaml\ngrid: {algo.agg: [seq-mean-token-sum]}\nbaseline: {algo.agg: token-mean}\n",
+        ["matches no point"],
+    ),
+    "duplicate-labels": (
+        "name: t\nbase: base.yaml\npoints: [{label: a, turns.max: 3}, {label: a, turns.max: 4}]\n",
+        ["label 'a' is used twice"],
+    ),
     "seed-in-grid": ("name: t\nbase: base.yaml\ngrid: {train.seed: [1, 2]}\n", ["train.seed", "seeds"]),
-    "identical-points": ("name: t\nbase: base.yaml\npoints: [{label: a, turns.max: 3}, {label: b, turns.max: 3}]\n",
-                         ["'a' and 'b' resolve to the same config"]),
+    "identical-points": (
+        "name: t\nbase: base.yaml\npoints: [{label: a, turns.max: 3}, {label: b, turns.max: 3}]\n",
+        ["'a' and 'b' resolve to the same config"],
+    ),
     "missing-base-file": ("name: t\nbase: nothere.yaml\n", ["not found", "nothere.yaml"]),
     "bad-name": ("name: 'my sweep!'\nbase: base.yaml\n", ["name", "pattern"]),
-    "axis-isolation": ("name: t\nbase: base.yaml\npoints:\n  - {label: custom, algo.agg: token-mean}\n"
-                       "  - {label: ppo, algo.preset: ppo}\nbaseline: custom\n",
-                       ["point 'ppo' differs from the baseline 'custom'", "not a declared axis", "algo.adv.estimator"]),
+    "axis-isolation": (
+        "name: t\nbase: base.yaml\npoints:\n  - {label: custom, algo.agg: token-mean}\n"
+        "  - {label: ppo, algo.preset: ppo}\nbaseline: custom\n",
+        ["point 'ppo' differs from the baseline 'custom'", "not a declared axis", "algo.adv.estimator"],
+    ),
 }
 
 
@@ -192,8 +221,7 @@ def test_manifest_lists_variants_and_baseline():
     assert len(manifest["points"]) == len(sweep.points)
     assert {v["variant"] for v in manifest["variants"]} == {p.variant for p in sweep.points}
     json.dumps(manifest)  # serializable
-    assert all(k in flatten(sweep.points[0].config.model_dump()) for v in manifest["variants"]
-               for k in v["overrides"])
+    assert all(k in flatten(sweep.points[0].config.model_dump()) for v in manifest["variants"] for k in v["overrides"])
 
 
 def test_base_overrides_and_seeds_for_smoke_runs(tmp_path):

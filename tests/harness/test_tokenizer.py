@@ -1,4 +1,5 @@
 """The environment-trained BPE tokenizer: determinism, special tokens, chat-template round trip."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from harness.transcript.chat import EOS, IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, ChatFormat
 from harness.model.supervised import collect_demos
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.transcript.chat import EOS, IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, ChatFormat
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,10 @@ def test_special_tokens_and_size(tok):
     assert chat.eot_id == tok.convert_tokens_to_ids(IM_END) and chat.pad_id == tok.convert_tokens_to_ids(EOS)
     for marker in (IM_START, IM_END, EOS, TOOL_CALL, TOOL_CALL_END):
         assert len(tok(marker, add_special_tokens=False)["input_ids"]) == 1, marker
-    assert tok.decode(tok("héllo wörld 42 <tool_call>{}</tool_call>")["input_ids"]) == \
-        "héllo wörld 42 <tool_call>{}</tool_call>"  # byte level: anything is encodable
+    assert (
+        tok.decode(tok("héllo wörld 42 <tool_call>{}</tool_call>")["input_ids"])
+        == "héllo wörld 42 <tool_call>{}</tool_call>"
+    )  # byte level: anything is encodable
 
 
 def test_segments_equal_the_chat_template(demos, tok):
@@ -59,8 +62,9 @@ def test_segments_equal_the_chat_template(demos, tok):
         text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         assert tok.decode(ids) == text
         assert tok(text, add_special_tokens=False)["input_ids"] == ids
-        assert tok.decode(ids[:len(chat.prompt(d.instructions, d.observations[0]))]) == \
-            episode_text(d.instructions, d.observations[:1], [])
+        assert tok.decode(ids[: len(chat.prompt(d.instructions, d.observations[0]))]) == episode_text(
+            d.instructions, d.observations[:1], []
+        )
 
 
 def test_save_load_round_trip(tmp_path, demos, tok):

@@ -1,12 +1,13 @@
 """MLflow: one run per point in a real local sqlite store, params flattened, one step per update."""
+
 from __future__ import annotations
 
 import os
 import uuid
 
+import fake_trainer
 import pytest
 
-import fake_trainer
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger, default_tracking_uri, read_jsonl
@@ -28,8 +29,9 @@ def client(uri: str):
 
 def test_run_logger_writes_a_run_to_a_local_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a store of its own: created on first use
-    logger = RunLogger(tmp_path / "run", experiment="exp", run_name="point-1", mlflow_uri=uri,
-                       tags={"config_hash": "abcd1234"})
+    logger = RunLogger(
+        tmp_path / "run", experiment="exp", run_name="point-1", mlflow_uri=uri, tags={"config_hash": "abcd1234"}
+    )
     logger.log_params({"algo.clip.level": "token", "turns.max": 8})
     for update in range(3):
         logger.log(update, {"env/success": 0.1 * update, "loss/policy": float("nan")})
@@ -63,8 +65,7 @@ def test_a_resumed_point_continues_its_mlflow_run(tmp_path, store):
 def test_sweep_points_become_runs_of_the_sweep_experiment(tmp_path, store):
     uri, exp = store
     (tmp_path / "base.yaml").write_text("train: {updates: 2}\n")
-    (tmp_path / "s.yaml").write_text(f"name: {exp}\nbase: base.yaml\ngrid: {{algo.lr: [1.0e-4, 2.0e-4]}}\n"
-                                     "seeds: [0]\n")
+    (tmp_path / "s.yaml").write_text(f"name: {exp}\nbase: base.yaml\ngrid: {{algo.lr: [1.0e-4, 2.0e-4]}}\nseeds: [0]\n")
     sweep = load_sweep(tmp_path / "s.yaml")
     result = run_sweep(sweep, RunOptions(results=tmp_path / "results", mlflow_uri=uri, train_fn=fake_trainer.train))
     assert result.ok

@@ -1,25 +1,42 @@
 """End-to-end tiny runs of the trainer: files, determinism, resume, adapters, every axis wired."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.config.schema import RunConfig
 from harness.experiments.tracking import RunLogger
 from harness.rl.trainer import train
 
 TINY = {
-    "model": {"tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
-                       "pretrain_demos": 150, "pretrain_epochs": 15, "pretrain_lr": 1e-2}, "lora": {"r": 4, "alpha": 8}},
+    "model": {
+        "tiny": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "pretrain_demos": 150,
+            "pretrain_epochs": 15,
+            "pretrain_lr": 1e-2,
+        },
+        "lora": {"r": 4, "alpha": 8},
+    },
     "env": {"name": "frozenlake", "heldout_tasks": 4, "reward_density": "dense", "format_penalty": 0.1},
     "rollout": {"tasks_per_update": 2, "group_size": 3, "max_new_tokens": 4, "temperature": 2.0},
     "turns": {"max": 4},
     "algo": {"lr": 1e-3, "micro_batch_size": 4},
-    "train": {"updates": 3, "eval_every": 2, "eval_episodes": 3, "checkpoint_every": 1, "threads": 1,
-              "mi_every": 2, "mi_prompts": 2},
+    "train": {
+        "updates": 3,
+        "eval_every": 2,
+        "eval_episodes": 3,
+        "checkpoint_every": 1,
+        "threads": 1,
+        "mi_every": 2,
+        "mi_prompts": 2,
+    },
     "tracking": {"mlflow": False, "samples": 1},
 }
 
@@ -56,15 +73,25 @@ def test_tiny_run_writes_rows_summary_adapter_and_diagnostics(tmp_path):
     rows, summary = run(cfg_with(), tmp_path / "a")
     assert [r["update"] for r in rows] == [0, 1, 2, 3]
     assert "eval_greedy/success" in rows[0] and "eval_greedy/success" in rows[2] and "eval_greedy/success" in rows[3]
-    for key in ("loss/policy", "diag/kl_k3", "diag/grad_norm", "diag/clip_frac", "env/success",
-                "env/group_reward_std", "diag/cross_prompt_similarity", "diag/kl_spike"):
+    for key in (
+        "loss/policy",
+        "diag/kl_k3",
+        "diag/grad_norm",
+        "diag/clip_frac",
+        "env/success",
+        "env/group_reward_std",
+        "diag/cross_prompt_similarity",
+        "diag/kl_spike",
+    ):
         assert key in rows[1], key
     assert "diag/mi_estimate" in rows[2] and "diag/mi_estimate" not in rows[1]
     assert rows[1]["diag/logprob_mismatch_max"] < 1e-4  # sampler and trainer agree
     assert 0.0 <= summary["final/eval_greedy/success"] <= 1.0 and "collapsed_at" in summary
     from peft import PeftModel
-    from harness.model.pipeline import load_policy
+
     from harness.model.cache import cache_dir
+    from harness.model.pipeline import load_policy
+
     base = load_policy(cfg_with(), cache_dir(), "cpu")
     loaded = PeftModel.from_pretrained(base.model.get_base_model(), tmp_path / "a" / "adapter")
     assert any("lora" in n for n, _ in loaded.named_parameters())
@@ -97,20 +124,28 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(tmp_path):
     assert resumed == full
 
 
-@pytest.mark.parametrize("over", [
-    {"algo": {"clip": {"level": "sequence", "eps_low": 3e-3, "eps_high": 4e-3, "seq_mask": True}, "epochs": 2}},
-    {"algo": {"clip": {"level": "trajectory"}, "agg": "seq-mean-token-mean", "minibatches": 2}},
-    {"algo": {"clip": {"level": "none"}, "agg": "seq-mean-token-sum-norm", "kl": {"estimator": "none"}}},
-    {"algo": {"preset": "ppo"}},
-    {"algo": {"adv": {"estimator": "gigpo"}, "filter": {"name": "ragen_top_p"}}},
-    {"algo": {"adv": {"estimator": "rloo"}, "filter": {"name": "dapo", "max_extra_rounds": 1},
-              "kl": {"where": "reward", "estimator": "k1"}}},
-    {"algo": {"adv": {"estimator": "reinforce_pp", "norm": "batch"}, "entropy_coef": 0.01}},
-    {"context": {"policy": "window", "window": 1, "mask_observations": False}},
-    {"context": {"policy": "obs_truncate", "obs_tokens": 4}},
-    {"context": {"policy": "single"}, "turns": {"curriculum": [2, 4], "curriculum_every": 1}},
-    {"model": {"finetune": "full"}},
-])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"algo": {"clip": {"level": "sequence", "eps_low": 3e-3, "eps_high": 4e-3, "seq_mask": True}, "epochs": 2}},
+        {"algo": {"clip": {"level": "trajectory"}, "agg": "seq-mean-token-mean", "minibatches": 2}},
+        {"algo": {"clip": {"level": "none"}, "agg": "seq-mean-token-sum-norm", "kl": {"estimator": "none"}}},
+        {"algo": {"preset": "ppo"}},
+        {"algo": {"adv": {"estimator": "gigpo"}, "filter": {"name": "ragen_top_p"}}},
+        {
+            "algo": {
+                "adv": {"estimator": "rloo"},
+                "filter": {"name": "dapo", "max_extra_rounds": 1},
+                "kl": {"where": "reward", "estimator": "k1"},
+            }
+        },
+        {"algo": {"adv": {"estimator": "reinforce_pp", "norm": "batch"}, "entropy_coef": 0.01}},
+        {"context": {"policy": "window", "window": 1, "mask_observations": False}},
+        {"context": {"policy": "obs_truncate", "obs_tokens": 4}},
+        {"context": {"policy": "single"}, "turns": {"curriculum": [2, 4], "curriculum_every": 1}},
+        {"model": {"finetune": "full"}},
+    ],
+)
 def test_every_axis_runs_end_to_end(tmp_path, over):
     cfg = cfg_with(train={"updates": 2, "eval_every": 0, "mi_every": 0}, **over)
     rows, summary = run(cfg, tmp_path / "r")
@@ -127,8 +162,9 @@ def test_every_axis_runs_end_to_end(tmp_path, over):
 def test_constrained_decoding_trains_the_constrained_policy(tmp_path, policy):
     """With rollout.constrain the trainer's behaviour log-probs equal the sampler's (constrained,
     renormalised) ones, so the log-prob mismatch stays at float error and no action is unparsable."""
-    cfg = cfg_with(rollout={"constrain": True}, context={"policy": policy},
-                   train={"updates": 2, "eval_every": 0, "mi_every": 0})
+    cfg = cfg_with(
+        rollout={"constrain": True}, context={"policy": policy}, train={"updates": 2, "eval_every": 0, "mi_every": 0}
+    )
     rows, _ = run(cfg, tmp_path / "r")
     for r in rows[1:]:
         assert r["diag/logprob_mismatch_max"] < 1e-4

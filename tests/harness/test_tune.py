@@ -4,6 +4,7 @@ SQLite study, bad search spaces through the CLI, --show, and one study with the 
 Real Optuna storage (SQLite files) everywhere; the fake trainer tests/harness/tune_fake_trainer.py
 (HARNESS_TRAIN_FN) where the real one would be too slow.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+import tune_fake_trainer
 import yaml
 from optuna.trial import TrialState
 
-import tune_fake_trainer
 from harness.config.errors import ConfigError
-from harness.experiments.tracking import read_jsonl
 from harness.experiments.study import load_study
+from harness.experiments.tracking import read_jsonl
 from harness.experiments.tuner import TuneOptions, default_storage, run_study
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +35,15 @@ SHARED_CACHE = os.environ["HARNESS_CACHE"]  # conftest: one cache (tiny model) f
 def study_file(tmp_path: Path, name: str = "s", mlflow: bool = False, **over) -> Path:
     spec = {
         "name": name,
-        "base": {"env": {"name": "frozenlake"}, "tracking": {"mlflow": mlflow},
-                 "train": {"updates": 4, "eval_every": 1, "checkpoint_every": 1}},
-        "space": {"algo.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
-                  "rollout.group_size": {"type": "categorical", "choices": [2, 4]}},
+        "base": {
+            "env": {"name": "frozenlake"},
+            "tracking": {"mlflow": mlflow},
+            "train": {"updates": 4, "eval_every": 1, "checkpoint_every": 1},
+        },
+        "space": {
+            "algo.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+            "rollout.group_size": {"type": "categorical", "choices": [2, 4]},
+        },
         "objective": {"metric": "eval_greedy/success", "direction": "maximize"},
         "pruner": {"name": "none"},
         "n_trials": 4,
@@ -50,13 +56,24 @@ def study_file(tmp_path: Path, name: str = "s", mlflow: bool = False, **over) ->
 
 
 def harness(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=cli_env(**env),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def cli_env(**env: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}", "HARNESS_TRAIN_FN": FAKE,
-            "HARNESS_CACHE": SHARED_CACHE, **env}
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}",
+        "HARNESS_TRAIN_FN": FAKE,
+        "HARNESS_CACHE": SHARED_CACHE,
+        **env,
+    }
 
 
 def trials(results: Path, name: str = "s") -> list[optuna.trial.FrozenTrial]:
@@ -82,8 +99,9 @@ def wait_for(condition, timeout: float = 120.0, proc: subprocess.Popen | None = 
 # ----------------------------------------------------------------------------- in-process
 def test_trials_are_points_and_pruned_trials_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_TRAIN_FN", FAKE)
-    study = load_study(study_file(tmp_path, mlflow=True, n_trials=8, seeds=[0, 1],
-                                  pruner={"name": "median", "n_startup_trials": 2}))
+    study = load_study(
+        study_file(tmp_path, mlflow=True, n_trials=8, seeds=[0, 1], pruner={"name": "median", "n_startup_trials": 2})
+    )
     results, lines = tmp_path / "results", []
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_study(study, TuneOptions(results=results, mlflow_uri=uri, say=lines.append))
@@ -111,6 +129,7 @@ def test_trials_are_points_and_pruned_trials_are_recorded(tmp_path, monkeypatch)
         assert t.intermediate_values
     assert any(line.startswith(f"trial {pruned[0].number} pruned") for line in lines)
     from mlflow.tracking import MlflowClient
+
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("s").experiment_id])
     tagged = {(r.data.tags["study"], r.data.tags["trial"], r.data.tags["status"]) for r in runs}
     assert ("s", str(pruned[0].number), "pruned") in tagged
@@ -119,8 +138,7 @@ def test_trials_are_points_and_pruned_trials_are_recorded(tmp_path, monkeypatch)
 
 def test_a_config_sampled_again_reuses_its_point(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_TRAIN_FN", FAKE)
-    study = load_study(study_file(tmp_path, n_trials=4, space={
-        "algo.lr": {"type": "categorical", "choices": [0.001]}}))
+    study = load_study(study_file(tmp_path, n_trials=4, space={"algo.lr": {"type": "categorical", "choices": [0.001]}}))
     run_study(study, TuneOptions(results=tmp_path / "results", say=lambda s: None))
     ts = trials(tmp_path / "results")
     assert len(ts) == 4 and len({t.user_attrs["points"][0] for t in ts}) == 1
@@ -133,10 +151,12 @@ def test_objective_value_final_best_and_missing_metric():
 
     rows = [{"update": 0, "m": 0.9}, {"update": 1, "x": 1.0}, {"update": 2, "m": 0.2}, {"update": 4, "m": 0.5}]
     assert objective_value(rows, ObjectiveSpec(metric="m"), "d") == 0.5
-    assert objective_value(rows, ObjectiveSpec(metric="m", at="best"), "d") == 0.5        # update 0 is not a result
+    assert objective_value(rows, ObjectiveSpec(metric="m", at="best"), "d") == 0.5  # update 0 is not a result
     assert objective_value(rows, ObjectiveSpec(metric="m", at="best", direction="minimize"), "d") == 0.2
-    with pytest.raises(ConfigError, match="objective.metric 'eval_greedy/success' is not in d/metrics.jsonl; "
-                                          "metrics there: m, update, x"):
+    with pytest.raises(
+        ConfigError,
+        match="objective.metric 'eval_greedy/success' is not in d/metrics.jsonl; metrics there: m, update, x",
+    ):
         objective_value(rows, ObjectiveSpec(), "d")
 
 
@@ -144,9 +164,14 @@ def test_objective_value_final_best_and_missing_metric():
 def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path, Path, str]:
     """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint."""
     path, results = study_file(tmp_path, **over), tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(path), "--results", str(results),
-                             "--no-mlflow"], cwd=REPO, env=cli_env(FAKE_TRAIN_DELAY="0.4"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"],
+        cwd=REPO,
+        env=cli_env(FAKE_TRAIN_DELAY="0.4"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def third_running() -> list[Path]:
         dirs = [d for d in (results / "s").glob("lr=*") if (d / "status").exists()] if (results / "s").exists() else []
@@ -165,7 +190,7 @@ def _check_resumed(results: Path, interrupted: str) -> None:
     ts = trials(results)
     assert len(finished(ts)) == 4
     points = [t.user_attrs["points"][0] for t in finished(ts)]
-    assert len(points) == len(set(points)) and interrupted in points   # no trial ran twice
+    assert len(points) == len(set(points)) and interrupted in points  # no trial ran twice
     for pid in points:
         starts = [c["start"] for c in calls(results, pid)]
         assert starts == ([0, starts[-1]] if pid == interrupted else [0]), (pid, starts)
@@ -202,36 +227,48 @@ def test_two_workers_share_one_sqlite_study_without_duplicate_trials(tmp_path):
     path, results = study_file(tmp_path, n_trials=8), tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"]
     env = cli_env(FAKE_TRAIN_DELAY="0.3")
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     ts = trials(results)
     assert 8 <= len(finished(ts)) <= 9 and len(ts) == len(finished(ts))  # a race may start one extra
-    assert len({t.user_attrs["worker"] for t in ts}) == 2                 # both workers ran trials
+    assert len({t.user_attrs["worker"] for t in ts}) == 2  # both workers ran trials
     points = [t.user_attrs["points"][0] for t in ts]
-    assert len(points) == len(set(points))                                # per-trial seeds: no repeats
-    assert all(len(calls(results, pid)) == 1 for pid in points)           # every point trained once
+    assert len(points) == len(set(points))  # per-trial seeds: no repeats
+    assert all(len(calls(results, pid)) == 1 for pid in points)  # every point trained once
 
 
 # ----------------------------------------------------------------------------- CLI: errors and --show
 BAD_SPACES = [
-    ({"algo.lrr": {"type": "float", "low": 0.1, "high": 0.2}}, "space.algo.lrr: unknown config key 'algo.lrr'. "
-                                                                 "Did you mean 'algo.lr'?"),
+    (
+        {"algo.lrr": {"type": "float", "low": 0.1, "high": 0.2}},
+        "space.algo.lrr: unknown config key 'algo.lrr'. Did you mean 'algo.lr'?",
+    ),
     ({"algo.lr": {"type": "float", "low": 0.1, "high": 0.01}}, "space.algo.lr: low = 0.1 is greater than high = 0.01"),
-    ({"algo.kl.coef": {"type": "float", "low": 0.0, "high": 0.1, "log": True}},
-     "space.algo.kl.coef: log scale needs low > 0, got low = 0"),
-    ({"algo.agg": {"type": "categorical", "choices": ["token-mean", "token-sum"]}},
-     "space.algo.agg: the value 'token-sum' is not valid for the config"),
+    (
+        {"algo.kl.coef": {"type": "float", "low": 0.0, "high": 0.1, "log": True}},
+        "space.algo.kl.coef: log scale needs low > 0, got low = 0",
+    ),
+    (
+        {"algo.agg": {"type": "categorical", "choices": ["token-mean", "token-sum"]}},
+        "space.algo.agg: the value 'token-sum' is not valid for the config",
+    ),
     ({"context.policy": {"type": "categorical", "choices": ["full", "windows"]}}, "choose one of: full, window"),
-    ({"rollout.group_size": {"type": "float", "low": 2, "high": 8}}, "rollout.group_size is an integer setting; "
-                                                                       "use type: int"),
+    (
+        {"rollout.group_size": {"type": "float", "low": 2, "high": 8}},
+        "rollout.group_size is an integer setting; use type: int",
+    ),
     ({"algo.lr": {"type": "float", "low": 0.1, "high": 0.2, "choices": [1]}}, "choices apply to categorical"),
     ({"train.seed": {"type": "int", "low": 0, "high": 3}}, "set by the study's `seeds` list"),
 ]
 
 
-@pytest.mark.parametrize("space, message", BAD_SPACES, ids=[next(iter(s)) + str(i) for i, (s, _) in enumerate(BAD_SPACES)])
+@pytest.mark.parametrize(
+    "space, message", BAD_SPACES, ids=[next(iter(s)) + str(i) for i, (s, _) in enumerate(BAD_SPACES)]
+)
 def test_bad_search_spaces_are_one_paragraph_errors(tmp_path, space, message):
     out = harness("tune", str(study_file(tmp_path, space=space)), "--results", str(tmp_path / "r"))
     assert out.returncode == 2, out.stderr
@@ -240,13 +277,21 @@ def test_bad_search_spaces_are_one_paragraph_errors(tmp_path, space, message):
 
 
 def test_bad_sampler_pruner_and_storage_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="pruner: unknown option 'n_startup' for MedianPruner; valid options: "
-                                          "n_startup_trials"):
+    with pytest.raises(
+        ConfigError, match="pruner: unknown option 'n_startup' for MedianPruner; valid options: n_startup_trials"
+    ):
         load_study(study_file(tmp_path, pruner={"name": "median", "n_startup": 2}))
     with pytest.raises(ConfigError, match="sampler.name = 'cmaes' is not a valid choice; choose one of: tpe, random"):
         load_study(study_file(tmp_path, sampler={"name": "cmaes"}))
-    out = harness("tune", str(study_file(tmp_path)), "--storage", "nosuchdb://x/y", "--results", str(tmp_path / "r"),
-                  "--no-mlflow")
+    out = harness(
+        "tune",
+        str(study_file(tmp_path)),
+        "--storage",
+        "nosuchdb://x/y",
+        "--results",
+        str(tmp_path / "r"),
+        "--no-mlflow",
+    )
     assert out.returncode == 2 and "--storage nosuchdb://x/y: cannot open it" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -272,8 +317,9 @@ def test_show_prints_best_trial_and_importances(tmp_path):
 def test_shipped_study_loads():
     study = load_study(REPO / "sweeps" / "tune_grpo.yaml")
     assert study.name == "tune_grpo" and {"algo.lr", "rollout.group_size"} <= set(study.spec.space)
-    assert study.points({"algo.lr": 1e-3, "algo.clip.eps_high": 0.25, "algo.kl.coef": 0.01,
-                         "rollout.group_size": 2})[0].config.rollout.constrain
+    assert study.points({"algo.lr": 1e-3, "algo.clip.eps_high": 0.25, "algo.kl.coef": 0.01, "rollout.group_size": 2})[
+        0
+    ].config.rollout.constrain
 
 
 def test_a_tiny_study_with_the_real_trainer(tmp_path, monkeypatch):
@@ -283,9 +329,16 @@ def test_a_tiny_study_with_the_real_trainer(tmp_path, monkeypatch):
     base = json.loads(json.dumps(TINY))
     base["train"].update(updates=2, eval_every=1, mi_every=0)
     base["tracking"]["mlflow"] = True
-    path = study_file(tmp_path, base=base, n_trials=2, sampler={"name": "random", "seed": 3}, space={
-        "algo.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
-        "algo.kl.coef": {"type": "categorical", "choices": [0.0, 0.05]}})
+    path = study_file(
+        tmp_path,
+        base=base,
+        n_trials=2,
+        sampler={"name": "random", "seed": 3},
+        space={
+            "algo.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+            "algo.kl.coef": {"type": "categorical", "choices": [0.0, 0.05]},
+        },
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ostudy = run_study(load_study(path), TuneOptions(results=tmp_path / "results", mlflow_uri=uri, say=print))
     ts = ostudy.get_trials()
@@ -295,11 +348,12 @@ def test_a_tiny_study_with_the_real_trainer(tmp_path, monkeypatch):
         rows = read_jsonl(d / "metrics.jsonl")
         assert [r["update"] for r in rows] == [0, 1, 2]
         assert t.value == rows[-1]["eval_greedy/success"]
-        assert sorted(t.intermediate_values) == [1, 2]   # reported at each evaluation
+        assert sorted(t.intermediate_values) == [1, 2]  # reported at each evaluation
         summary = json.loads((d / "summary.json").read_text())
         assert summary["status"] == "done" and summary["metrics"]["final/eval_greedy/success"] == t.value
         assert yaml.safe_load((d / "config.yaml").read_text())["algo"]["lr"] == t.params["algo.lr"]
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("s").experiment_id])
     assert sorted(r.data.tags["trial"] for r in runs) == ["0", "1"]

@@ -7,6 +7,7 @@ progress callback gets them as the real trainer passes them. Resumes from checkp
 model.name "fake-once" fails on the first call for its folder, "fake-fail" always; FAKE_TRAIN_DELAY
 sleeps per update. Each call appends {start, pid, ray_node_ip} to <run_dir>/fake_calls.jsonl.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,14 @@ def train(cfg, run_dir, logger, progress=None) -> dict:
             row["eval_greedy/success"] = score(lr, seed, u)
         logger.log(u, row)
         if progress is not None:
-            progress({"update": u, "updates": n, "success": row["env/success"],
-                      **{k: v for k, v in row.items() if k.startswith("eval_")}})
+            progress(
+                {
+                    "update": u,
+                    "updates": n,
+                    "success": row["env/success"],
+                    **{k: v for k, v in row.items() if k.startswith("eval_")},
+                }
+            )
         ckpt.parent.mkdir(exist_ok=True)
         atomic_write_json(ckpt, {"update": u})
     return {"final/eval_greedy/success": score(lr, seed, n)}
