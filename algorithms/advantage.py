@@ -16,6 +16,9 @@ from .utils import group_stats, masked_sum, masked_whiten, turn_rewards_to_token
 
 ADVANTAGE: Registry[AdvantageFn] = Registry("algo.adv.estimator", "advantage estimator")
 
+# Estimators that return the value targets (returns) a critic is fitted on.
+CRITIC_ESTIMATORS = ("gae", "reinforce_pp")
+
 
 def broadcast(a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Trajectory-level `a (N,)` onto every trained token -> (N,T), 0 elsewhere."""

@@ -99,6 +99,11 @@ class Env(ABC):
     def expert_action(self) -> str:
         """The expert's action text for the current state (as the model should write it)."""
 
+    def task_type(self, seed: int) -> str:
+        """The kind of task `seed` plays (`algo.adv.norm: task` standardises per kind); one kind
+        per environment unless the environment has several (ALFWorld's six task types)."""
+        return self.name
+
     def close(self) -> None:  # noqa: B027 - an optional hook: most environments hold nothing to release
         """Release external resources (an interpreter process, files); the default has none."""
 

@@ -14,6 +14,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from algorithms.advantage import CRITIC_ESTIMATORS
+from algorithms.normalization import check_norm_compatible
+
 # Config keys that were renamed: old dotted key -> new one. Loading a file that still uses an
 # old key fails with a message naming the new key (no silent aliases).
 RENAMED_KEYS = {
@@ -227,6 +230,12 @@ class AlgoConfig(Strict):
     kl: KLConfig = F(KLConfig(), "KL to the reference policy.")
     entropy_coef: float = F(0.0, "Entropy bonus coefficient.", ge=0)
     critic: CriticConfig = F(CriticConfig(), "PPO value head.")
+    forced_tokens: Literal["count", "drop"] = F(
+        "count",
+        "Constrained decoding: tokens that were the only admissible continuation have log-prob 0 and no "
+        "gradient. count: they stay in the loss mask (aggregation denominators, sequence-ratio lengths); "
+        "drop: they leave it, so the step is not diluted by tokens the policy did not choose.",
+    )
     epochs: int = F(1, "Passes over each rollout batch.", ge=1)
     minibatches: int = F(1, "Optimizer steps per epoch.", ge=1)
     micro_batch_size: int = F(16, "Rows per forward pass (gradient accumulation); does not change results.", ge=1)
@@ -296,6 +305,12 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _conflicts(self) -> RunConfig:
         a = self.algo
+        if a.critic.enabled and a.adv.estimator not in CRITIC_ESTIMATORS:
+            raise ValueError(
+                f"algo.critic.enabled: true needs an estimator that gives the critic returns to fit "
+                f"(algo.adv.estimator in {list(CRITIC_ESTIMATORS)}), not {a.adv.estimator!r}; "
+                f"set algo.critic.enabled: false"
+            )
         if a.adv.estimator == "gae" and not a.critic.enabled:
             raise ValueError("algo.adv.estimator 'gae' needs a critic: set algo.critic.enabled: true")
         if a.adv.estimator == "gae" and self.context.resolved_layout != "concatenated":
@@ -303,8 +318,6 @@ class RunConfig(Strict):
                 "algo.adv.estimator 'gae' needs context.layout 'concatenated' (values along "
                 "one token stream per trajectory)"
             )
-        from algorithms.normalization import check_norm_compatible
-
         check_norm_compatible(a.adv.estimator, a.adv.norm)
         if self.sft.budget is not None and self.sft.demos * self.sft.demo_cost > self.sft.budget:
             raise ValueError(

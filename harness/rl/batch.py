@@ -12,8 +12,9 @@ quantities (advantages, KL-in-reward) move between the two forms by one gather /
 Masks (docs/algorithms.md section 1): `action_mask` = 1 on policy-emitted tokens (EOT included). With
 `mask_observations=False` the loss mask also covers observation segments after the prompt,
 each counted once (per-step: the observation right before the action); the prompt
-(instructions + first observation) is never trained on. Observation tokens take the
-advantage of the first token of the action they precede.
+(instructions + first observation) is never trained on. A trained observation token belongs
+to the action it precedes: it takes the advantage of that action's first token and its
+`action_id` (so sequence-level ratios never pool observations of different actions).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class TrainBatch:
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor  # float: trained tokens
     action_mask: torch.Tensor  # float: policy-emitted tokens
-    action_id: torch.Tensor  # unique id per turn-action, -1 elsewhere
+    action_id: torch.Tensor  # unique id per turn-action (on its tokens and on the trained observation
+    # tokens that precede it), -1 elsewhere
     traj_id: torch.Tensor  # trajectory index (0..N-1) of each token, -1 on padding
     sampler_logp: torch.Tensor  # sampler log-probs on action tokens, 0 elsewhere
     stream_pos: torch.Tensor  # flat index into the (N, Ts) stream for trained tokens, -1 elsewhere
@@ -140,8 +142,13 @@ def build_batch(
     pad_id: int,
     task_ids: list[int] | None = None,
     env_ids: list[int] | None = None,
+    drop_forced: bool = False,
 ) -> TrainBatch:
-    """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized)."""
+    """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized).
+
+    task_ids / env_ids (N,): the task type and environment of each episode (`adv.norm` task and
+    env_std). drop_forced: leave the tokens constrained decoding forced (a single admissible
+    continuation) out of the loss mask (`algo.forced_tokens: drop`)."""
     streams = [episode_stream(ep) for ep in episodes]
     Ts = max(len(s.ids) for s in streams)
     rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow")}
@@ -149,7 +156,11 @@ def build_batch(
     for i, (ep, s) in enumerate(zip(episodes, streams)):
         trainable_obs = [0 if mask_observations else int(o >= 0) for o in s.obs_turn]
         if concatenated:
-            aid = [next_action + t if t >= 0 else -1 for t in s.turn]
+            # a trained observation token belongs to the action it precedes (one ratio segment)
+            aid = [
+                next_action + t if t >= 0 else next_action + o if tr else -1
+                for t, o, tr in zip(s.turn, s.obs_turn, trainable_obs)
+            ]
             pos = [i * Ts + k if (s.action[k] or trainable_obs[k]) else -1 for k in range(len(s.ids))]
             # observation tokens point at the first token of the action they precede
             pos = [i * Ts + s.action_start[s.obs_turn[k]] if trainable_obs[k] else p for k, p in enumerate(pos)]
@@ -171,7 +182,7 @@ def build_batch(
                 L, A = len(ctx), len(st.action_ids)
                 loss = [0] * (L - n_obs) + [1] * n_obs + [1] * A
                 act = [0] * L + [1] * A
-                aid = [-1] * L + [next_action + t] * A
+                aid = [-1] * (L - n_obs) + [next_action + t] * (n_obs + A)
                 start = i * Ts + s.action_start[t]
                 pos = [-1] * (L - n_obs) + [start] * n_obs + list(range(start, start + A))
                 _append_row(
@@ -186,7 +197,8 @@ def build_batch(
                     [None] * L + s.allowed[s.action_start[t] :][:A],
                 )
         next_action += len(ep.steps)
-    return _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
+    batch = _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
+    return without_forced(batch) if drop_forced else batch
 
 
 def _append_row(rows, ids, loss, act, aid, traj, slp, pos, allow) -> None:
@@ -209,6 +221,19 @@ def _pad_allowed(rows: list[list[list[int] | None]]) -> torch.Tensor | None:
             if a:
                 out[b, t, : len(a)] = torch.tensor(a, dtype=LONG)
     return out
+
+
+def forced_tokens(batch: TrainBatch) -> torch.Tensor:
+    """(B, T) bool: tokens that were the only admissible continuation under constrained decoding."""
+    if batch.allowed is None:
+        return torch.zeros_like(batch.loss_mask, dtype=torch.bool)
+    return (batch.allowed >= 0).sum(-1) == 1
+
+
+def without_forced(batch: TrainBatch) -> TrainBatch:
+    """The batch with forced tokens out of the loss mask (they carry log-prob 0 and no gradient, so
+    this only changes aggregation denominators and sequence-level ratio lengths)."""
+    return replace(batch, loss_mask=batch.loss_mask * ~forced_tokens(batch))
 
 
 def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids) -> TrainBatch:

@@ -2,7 +2,7 @@
 
 The sampling and task RNGs are derived from (seed, update) at every update, so a resumed run
 needs no RNG state to reproduce the uninterrupted one; torch's global RNG state is saved too
-for anything that draws from it (dropout).
+for anything that draws from it (dropout), with the CUDA generators' states on GPU machines.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "state": state,
         "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
     torch.save(payload, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f:
@@ -65,4 +66,6 @@ def load_checkpoint(
                 named[n].copy_(t)
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["torch_rng"])
+    if payload.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(payload["cuda_rng"])
     return payload["update"], payload["state"]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import AGGREGATION, KL_ESTIMATOR, POLICY_LOSS
-from algorithms.policy_loss import negative_advantage_seq_mask
 from algorithms.types import AggParams, ClipParams
 from harness.config.schema import RunConfig, axis_params
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
@@ -72,6 +71,19 @@ def policy_forward(
     )
 
 
+@dataclass
+class Denominators:
+    """Whole-minibatch counts each aggregated term divides by, so that splitting the minibatch
+    into micro-batches changes nothing (docs/algorithms.md section 3).
+
+    loss: the loss mask (KL and entropy terms); policy: the policy loss's mask, i.e. the loss mask
+    without the actions the SAMPO sequence mask drops; value: action tokens (the critic's loss)."""
+
+    loss: AggParams
+    policy: AggParams
+    value: AggParams
+
+
 def loss_terms(
     policy,
     mb: TrainBatch,
@@ -81,39 +93,40 @@ def loss_terms(
     old_values,
     returns,
     cfg: RunConfig,
-    agg_params: AggParams,
-    value_agg_params: AggParams,
+    denominators: Denominators,
+    policy_mask: torch.Tensor | None = None,
 ) -> MicroLoss:
-    """Loss of one micro-batch (already scaled for accumulation) and its per-token stats."""
+    """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
+
+    `policy_mask` (B, T): the tokens the policy loss trains on when it differs from the loss mask
+    (the SAMPO sequence mask; docs/algorithms.md section 2). As in ARLArena, the dropped actions
+    leave the policy loss and its denominator, while the KL and entropy terms keep every token."""
     a = cfg.algo
     agg = AGGREGATION.get(a.agg)
-    # entropy is a diagnostic even when its coefficient is 0
     logp, ent, values = policy_forward(
         policy,
         mb.input_ids,
         mb.attention_mask,
         temperature=cfg.rollout.temperature,
-        with_entropy=True,
+        with_entropy=a.entropy_coef > 0,
         with_values=a.critic.enabled,
         allowed=mb.allowed,
     )
-    mask = mb.loss_mask
-    if a.clip.seq_mask:
-        mask = negative_advantage_seq_mask(logp, old_logp, adv, mask, mb.action_id, a.clip.seq_mask_delta)
+    pmask = mb.loss_mask if policy_mask is None else policy_mask
     clip = axis_params(ClipParams, a.clip)
-    pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, mask, mb.action_id, mb.traj_id, clip)
-    loss = agg(pl, mask, agg_params)
+    pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, pmask, mb.action_id, mb.traj_id, clip)
+    loss = agg(pl, pmask, denominators.policy)
     terms = {"loss/policy": loss.detach()}
     if a.kl.where == "loss" and a.kl.estimator != "none" and a.kl.coef > 0:
-        kl = agg(KL_ESTIMATOR.get(a.kl.estimator)(logp, ref_logp), mask, agg_params)
+        kl = agg(KL_ESTIMATOR.get(a.kl.estimator)(logp, ref_logp), mb.loss_mask, denominators.loss)
         loss = loss + a.kl.coef * kl
         terms["loss/kl"] = kl.detach()
-    ent_term = agg(ent, mb.loss_mask, agg_params)
-    terms["loss/entropy"] = ent_term.detach()
     if a.entropy_coef > 0:
+        ent_term = agg(ent, mb.loss_mask, denominators.loss)
         loss = loss - a.entropy_coef * ent_term
+        terms["loss/entropy"] = ent_term.detach()
     if a.critic.enabled:
-        vloss = value_loss(values, old_values, returns, mb.action_mask, a.critic.value_clip, agg, value_agg_params)
+        vloss = value_loss(values, old_values, returns, mb.action_mask, a.critic.value_clip, agg, denominators.value)
         loss = loss + a.critic.coef * vloss
         terms["loss/value"] = vloss.detach()
     terms["loss/total"] = loss.detach()

@@ -31,7 +31,7 @@ from harness.diagnostics.episode_metrics import episode_metrics, group_reward_st
 from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
-from harness.rl.batch import build_batch
+from harness.rl.batch import build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.rollout import collect, turn_budget_at
 from harness.rl.seeding import seed_everything
@@ -69,9 +69,9 @@ class Trainer:
         source, info = base_model(cfg, cache_dir())
         source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
         self.policy = attach_adapter(cfg, source, info, self.device)
-        env = make_env(cfg.env.name, cfg.env.options)
-        self.instructions = env.instructions
-        self.markers = type(env).observation_markers
+        self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
+        self.instructions = self.env.instructions
+        self.markers = type(self.env).observation_markers
         self.train_pool = (
             ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
             if cfg.env.train_tasks
@@ -103,6 +103,7 @@ class Trainer:
         for venv in self._venvs.values():
             venv.close()
         self._venvs.clear()
+        self.env.close()
 
     def _train_tasks(self, update: int, round_: int) -> list[int]:
         k = self.cfg.rollout.tasks_per_update
@@ -169,6 +170,11 @@ class Trainer:
         return keep, {f"filter/{k}": float(v) for k, v in st.items()}
 
     # ------------------------------------------------------------------ evaluation
+    def eval_budget(self, update: int) -> int:
+        """The turn budget of the evaluation after `update`: the one that update trained with
+        (update u trains at turn_budget_at(u - 1); the evaluation before RL uses the first)."""
+        return turn_budget_at(max(update - 1, 0), self.cfg.turns)
+
     def evaluate(self, update: int) -> dict[str, float]:
         c = self.cfg
         n = c.train.eval_episodes
@@ -179,7 +185,7 @@ class Trainer:
                 seeds,
                 1,
                 greedy=greedy,
-                budget=turn_budget_at(update, c.turns),
+                budget=self.eval_budget(update),
                 generator=_generator(c.train.seed, 10**6, update),
             )
             for k, v in episode_metrics(eps, f"eval_{mode}", self.markers).items():
@@ -259,6 +265,9 @@ class Trainer:
             concatenated=c.context.resolved_layout == "concatenated",
             mask_observations=c.context.mask_observations,
             pad_id=self.policy.chat.pad_id,
+            task_ids=[state_id(f"{c.env.name}/{self.env.task_type(e.task_seed)}") for e in kept],
+            env_ids=[state_id(c.env.name)] * len(kept),
+            drop_forced=c.algo.forced_tokens == "drop",
         )
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
         metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(

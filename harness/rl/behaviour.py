@@ -1,0 +1,145 @@
+"""What an update computes once, before any gradient step: the behaviour pass and the advantages.
+
+    behaviour log-probs (the policy that sampled, recomputed in eval mode), reference log-probs
+    (adapter off), critic values, full-vocabulary entropy       [behaviour_forward]
+    -> advantages on the trajectory token stream, KL-in-reward applied to every reward form the
+       estimators read, then the normalisation scope             [advantages]
+
+docs/algorithms.md sections 4 and 6 give the math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms import ADV_NORM, ADVANTAGE, KL_ESTIMATOR
+from algorithms.types import AdvantageInputs, AdvantageParams
+from algorithms.utils import turn_rewards_to_tokens
+from harness.config.schema import RunConfig, axis_params
+from harness.model.logprobs import token_logprobs
+from harness.rl.batch import TrainBatch
+from harness.rl.losses import on_device, policy_forward
+
+
+@dataclass
+class Forward:
+    """Per-row tensors (B, T) computed once at the start of an update, without gradients.
+
+    entropy: full-vocabulary entropy of the tempered behaviour policy at every token;
+    entropy_constrained: the same restricted to the admissible set (constrained decoding), or None."""
+
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    old_values: torch.Tensor | None
+    entropy: torch.Tensor
+    entropy_constrained: torch.Tensor | None = None
+
+
+def micro_slices(n: int, size: int) -> list[torch.Tensor]:
+    idx = torch.arange(n)
+    return [idx[i : i + size] for i in range(0, n, size)]
+
+
+def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
+    with policy.reference() as ref_model:
+        dev = next(ref_model.parameters()).device
+        rlp, _ = token_logprobs(
+            ref_model,
+            on_device(mb.input_ids, dev),
+            on_device(mb.attention_mask, dev),
+            temperature=temperature,
+            allowed=on_device(mb.allowed, dev),
+        )
+    return rlp.to(mb.input_ids.device)
+
+
+def _full_entropy(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
+    """Full-vocabulary entropy (B, T) of the tempered policy (a second pass under constrained decoding)."""
+    dev = next(policy.model.parameters()).device
+    _, ent = token_logprobs(
+        policy.model,
+        on_device(mb.input_ids, dev),
+        on_device(mb.attention_mask, dev),
+        temperature=temperature,
+        with_entropy=True,
+    )
+    return ent.to(mb.input_ids.device)
+
+
+@torch.no_grad()
+def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
+    """Recompute behaviour and reference log-probs (and values, entropies) over all rows, in eval mode
+    (LoRA dropout off), so the behaviour policy is the deterministic policy that sampled. The reference
+    is always computed: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
+    was_training = policy.model.training
+    policy.model.eval()
+    parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "val": [], "ent": [], "ent_c": []}
+    T = batch.input_ids.shape[1]
+    temperature = cfg.rollout.temperature
+    for idx in micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
+        mb = batch.rows(idx)
+        pad = (0, T - mb.input_ids.shape[1])
+        lp, ent, v = policy_forward(
+            policy,
+            mb.input_ids,
+            mb.attention_mask,
+            temperature=temperature,
+            with_entropy=True,
+            with_values=cfg.algo.critic.enabled,
+            allowed=mb.allowed,
+        )
+        ent_c = None
+        if mb.allowed is not None:  # ent is over the admissible set; the full-vocabulary one needs its own pass
+            ent_c, ent = ent, _full_entropy(policy, mb, temperature)
+        ref = _reference_logp(policy, mb, temperature)
+        for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
+            if x is not None:
+                parts[key].append(torch.nn.functional.pad(x, pad))
+    policy.model.train(was_training)
+    cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
+    return Forward(cat(parts["old"]), cat(parts["ref"]), cat(parts["val"]), cat(parts["ent"]), cat(parts["ent_c"]))
+
+
+def _turn_sums(x_stream: torch.Tensor, turn: torch.Tensor, K: int) -> torch.Tensor:
+    """Per-turn sums (N, K) of a stream quantity (N, Ts); tokens with turn -1 are left out."""
+    out = torch.zeros(x_stream.shape[0], K + 1, dtype=x_stream.dtype)
+    return out.scatter_add_(1, torch.where(turn >= 0, turn, K), x_stream)[:, :K]
+
+
+def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages on the rows (B, T) and critic returns (B, T) or None.
+
+    KL in the reward (`algo.kl.where: reward`) lowers every reward form an estimator can read by the
+    same penalty: per-token rewards by beta * KL_k, per-turn rewards by beta times the turn's summed
+    KL, and the outcome R_i by beta times the trajectory's summed KL (verl sums its token-level
+    rewards into the outcome score the same way), so it reaches grpo, rloo, gigpo and the rest."""
+    a = cfg.algo
+    token_rewards = turn_rewards_to_tokens(batch.turn_rewards, batch.stream_turn, batch.stream_mask)
+    rewards, turn_rewards = batch.rewards, batch.turn_rewards
+    if a.kl.where == "reward" and a.kl.estimator != "none":
+        kl = a.kl.coef * batch.to_stream(
+            KL_ESTIMATOR.get(a.kl.estimator)(fwd.old_logp, fwd.ref_logp) * batch.action_mask
+        )
+        token_rewards = token_rewards - kl  # (N, Ts)
+        turn_rewards = turn_rewards - _turn_sums(kl, batch.stream_turn, turn_rewards.shape[1])  # (N, K)
+        rewards = rewards - kl.sum(1)  # (N,)
+    inputs = AdvantageInputs(
+        mask=batch.stream_mask,
+        turn_index=batch.stream_turn,
+        rewards=rewards,
+        group=batch.group,
+        turn_rewards=turn_rewards,
+        turn_mask=batch.turn_mask,
+        task=batch.task,
+        env=batch.env,
+        anchor=batch.anchor,
+        token_rewards=token_rewards,
+        values=batch.to_stream(fwd.old_values) if fwd.old_values is not None else None,
+    )
+    params = axis_params(AdvantageParams, a.adv)
+    out = ADVANTAGE.get(a.adv.estimator)(inputs, params)
+    adv = ADV_NORM.get(a.adv.norm)(out.advantages, inputs, params)
+    returns = batch.to_rows(out.returns) if out.returns is not None else None
+    return batch.to_rows(adv), returns
