@@ -31,7 +31,7 @@ from harness.diagnostics.episode_metrics import episode_metrics, group_reward_st
 from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
-from harness.rl.batch import build_batch, state_id
+from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.rollout import collect, turn_budget_at
 from harness.rl.seeding import seed_everything
@@ -242,6 +242,20 @@ class Trainer:
         self.policy.save_adapter(self.run_dir / "adapter")
         return self._summary(state, last_eval)
 
+    def training_batch(self, episodes: list[Episode], cfg: RunConfig | None = None) -> TrainBatch:
+        """The training batch of `episodes` in the configured layout and masks, with each episode's
+        task type and environment as ids (`algo.adv.norm` task and env_std)."""
+        c = cfg or self.cfg
+        return build_batch(
+            episodes,
+            concatenated=c.context.resolved_layout == "concatenated",
+            mask_observations=c.context.mask_observations,
+            pad_id=self.policy.chat.pad_id,
+            task_ids=[state_id(f"{c.env.name}/{self.env.task_type(e.task_seed)}") for e in episodes],
+            env_ids=[state_id(c.env.name)] * len(episodes),
+            drop_forced=c.algo.forced_tokens == "drop",
+        )
+
     def _one_update(self, update: int) -> dict[str, float]:
         c = self.cfg
         t0 = time.time()
@@ -260,15 +274,7 @@ class Trainer:
         if not kept:
             metrics["train/skipped_empty"] = 1.0
             return metrics
-        batch = build_batch(
-            kept,
-            concatenated=c.context.resolved_layout == "concatenated",
-            mask_observations=c.context.mask_observations,
-            pad_id=self.policy.chat.pad_id,
-            task_ids=[state_id(f"{c.env.name}/{self.env.task_type(e.task_seed)}") for e in kept],
-            env_ids=[state_id(c.env.name)] * len(kept),
-            drop_forced=c.algo.forced_tokens == "drop",
-        )
+        batch = self.training_batch(kept)
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
         metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
             [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps]

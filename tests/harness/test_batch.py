@@ -88,3 +88,51 @@ def test_stream_round_trip_and_ids_across_episodes():
 def test_anchor_ids_equal_for_equal_state_keys():
     b = build_batch([_episode(), _episode()], concatenated=True, mask_observations=True, pad_id=PAD)
     assert torch.equal(b.anchor[0], b.anchor[1]) and len(set(b.anchor[0].tolist())) == 3
+
+
+def test_trained_observation_tokens_share_the_segment_of_the_action_they_precede():
+    """With the mask off, sequence-level ratios take one geometric mean per action id: observation
+    tokens must carry the id of their own action, never a shared id across trajectories."""
+    eps = [_episode(group=0), _episode(group=1)]
+    b = build_batch(eps, concatenated=True, mask_observations=False, pad_id=PAD)
+    assert b.action_id.tolist() == [
+        [-1, -1, -1, 0, 0, 1, 1, 1, 2, 2, 2, 2],
+        [-1, -1, -1, 3, 3, 4, 4, 4, 5, 5, 5, 5],
+    ]
+    s = build_batch(eps, concatenated=False, mask_observations=False, pad_id=PAD)
+    ids = [[a for a, m in zip(r, mm) if m] for r, mm in zip(s.action_id.tolist(), s.loss_mask.tolist())]
+    assert ids == [[0, 0], [1, 1, 1], [2, 2, 2, 2], [3, 3], [4, 4, 4], [5, 5, 5, 5]]
+    # the segments are those of the sequence-level policy loss: one ratio per action, never pooled
+    from algorithms.utils import segment_mean
+
+    x = torch.randn(b.action_id.shape)
+    means = segment_mean(x, b.action_id, b.loss_mask)
+    for seg in range(6):
+        on = b.action_id == seg
+        assert torch.allclose(means[on], x[on].mean().expand(int(on.sum())))
+
+
+def _constrained_episode():
+    ep = _episode()
+    # a1's single token had one admissible continuation (forced); a2's last token too
+    allowed = {0: [[10, 20], [11, 21]], 1: [[12]], 2: [[13, 30], [14, 31], [15]]}
+    for t, st in enumerate(ep.steps):
+        st.allowed_ids = allowed[t]
+    return ep
+
+
+def test_forced_tokens_stay_in_the_loss_by_default_and_leave_it_with_drop():
+    count = build_batch([_constrained_episode()], concatenated=True, mask_observations=True, pad_id=PAD)
+    drop = build_batch(
+        [_constrained_episode()], concatenated=True, mask_observations=True, pad_id=PAD, drop_forced=True
+    )
+    assert count.loss_mask.tolist() == [[0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1]]
+    assert drop.loss_mask.tolist() == [[0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0]]
+    assert torch.equal(drop.action_mask, count.action_mask) and torch.equal(drop.stream_mask, count.stream_mask)
+    # token-mean over the kept tokens only: forced tokens no longer dilute the step
+    from algorithms import AGGREGATION
+
+    loss = torch.arange(12, dtype=torch.float32)[None]
+    tm = AGGREGATION.get("token-mean")
+    assert abs(tm(loss, drop.loss_mask).item() - (3 + 4 + 9 + 10) / 4) < 1e-6
+    assert abs(tm(loss, count.loss_mask).item() - (3 + 4 + 7 + 9 + 10 + 11) / 6) < 1e-6

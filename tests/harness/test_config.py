@@ -141,6 +141,11 @@ MALFORMED = {
     ),
     "unknown-override-key": ("", ["algo.clip.epslow=0.1"], ["'algo.clip.epslow'", "eps_low", "set by -o"]),
     "bad-preset": ("algo:\n  preset: dapo\n", [], ["algo.preset = 'dapo'", "ppo", "grpo"]),
+    "critic-without-returns": (
+        "algo:\n  adv: {estimator: grpo}\n  critic: {enabled: true}\n",
+        [],
+        ["algo.critic.enabled: true needs an estimator", "'gae'", "'reinforce_pp'", "not 'grpo'"],
+    ),
     "vllm-not-implemented": ("rollout:\n  backend: vllm\n", [], ["rollout.backend 'vllm' is not implemented", "'hf'"]),
 }
 
@@ -223,3 +228,11 @@ def test_axis_params_are_built_from_the_config_by_name(tmp_path):
     adv = axis_params(AdvantageParams, cfg.algo.adv)
     assert (adv.gigpo_gamma, adv.gigpo_episode_stats, adv.gamma) == (0.5, "steps", 1.0)
     assert axis_params(FilterParams, cfg.algo.filter) == FilterParams(top_p=0.7, top_k=0.25)
+
+
+def test_the_gae_point_of_the_advantage_sweep_whitens_as_the_ppo_preset():
+    from harness.experiments.sweep import load_sweep
+
+    sweep = load_sweep(REPO / "sweeps" / "advantage.yaml")
+    gae = [p for p in sweep.points if p.config.algo.adv.estimator == "gae"]
+    assert gae and all(p.config.algo.adv.norm == "batch" for p in gae)

@@ -171,3 +171,21 @@ def test_constrained_decoding_trains_the_constrained_policy(tmp_path, policy):
         assert r["env/format_error_rate"] == 0.0
         assert 0.0 < r["env/constrained_mass"] <= 1.0
     assert rows[0]["eval_greedy/format_error_rate"] == 0.0
+
+
+def test_evaluation_runs_at_the_turn_budget_the_update_trained_with(tmp_path):
+    """Update u trains at turn_budget_at(u - 1); the evaluation after it must use that budget too."""
+    cfg = cfg_with(turns={"max": 4, "curriculum": [1, 4], "curriculum_every": 1},
+                   train={"updates": 1, "eval_every": 1, "mi_every": 0})  # fmt: skip
+    rows, _ = run(cfg, tmp_path / "r")
+    assert rows[1]["env/turn_budget"] == 1.0
+    for row in rows[:2]:  # before RL and after update 1: both at the first budget
+        assert row["eval_greedy/turns"] <= 1.0 and row["eval_sampled/turns"] <= 1.0
+
+
+def test_forced_tokens_drop_runs_and_changes_only_the_denominators(tmp_path):
+    base = {"rollout": {"constrain": True}, "train": {"updates": 1, "eval_every": 0, "mi_every": 0}}
+    count, _ = run(cfg_with(**base), tmp_path / "count")
+    drop, _ = run(cfg_with(algo={"forced_tokens": "drop"}, **base), tmp_path / "drop")
+    assert drop[1]["diag/trained_tokens"] < count[1]["diag/trained_tokens"]  # FrozenLake moves end in forced tokens
+    assert drop[1]["env/return"] == count[1]["env/return"]  # same rollout: only the loss mask differs

@@ -1,0 +1,265 @@
+"""Invariance suite: every combination of axis values either runs an update or is rejected at load,
+and the update's math does not depend on how the batch is cut or laid out.
+
+For each combination (on real rollouts of a tiny Qwen2 + LoRA policy on FrozenLake):
+- the config is rejected at load with a ConfigError, or one update completes with finite metrics;
+- the first minibatch's importance ratios are exactly 1 and the KL to the reference is 0 (the fresh
+  adapter is the reference, and the behaviour pass is the policy that is trained);
+- off-policy (adapter perturbed after the behaviour pass), the gradient of one minibatch with
+  micro-batches of 1 row equals the gradient with one micro-batch (relative 1e-5);
+- for `context.policy: full` the concatenated and per-step layouts give the same advantages on every
+  action token (both are computed on the trajectory stream of the same episodes).
+
+The combinations. The literal product of all values (clip level x SAMPO mask x agg x estimator x
+norm x filter x KL estimator x KL placement x critic x layout x mask x constrained decoding) has
+about 460k members, some 40 CPU-hours here, so the slow mark runs it factorised instead:
+- LOSS: every clip level x SAMPO mask x agg x KL placement x critic x layout x observation mask x
+  constrained decoding (the axes the loss, its denominators and its segments depend on), with the
+  estimator / norm / filter / KL estimator cycled through their values;
+- ADVANTAGE: every estimator x norm x filter x KL estimator x KL placement x layout x observation
+  mask (the axes the advantages depend on), with the loss-side axes cycled.
+Every value of every axis, and every pair of values that interact in the math, is covered. The
+default suite runs a seeded sample of both lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from algorithms import ADV_NORM, ADVANTAGE, AGGREGATION, GROUP_FILTER, KL_ESTIMATOR
+from algorithms.types import EmptyBatchError, FilterParams
+from harness.config.errors import ConfigError
+from harness.config.schema import RunConfig, axis_params
+from harness.experiments.loading import validate_run_config
+from harness.experiments.tracking import RunLogger
+from harness.rl.behaviour import advantages, behaviour_forward
+from harness.rl.trainer import Trainer
+from harness.rl.update import _micro_batches, _minibatch_step, make_optimizer, run_update
+
+BASE = {
+    "model": {
+        "tiny": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "pretrain_demos": 150,
+            "pretrain_epochs": 15,
+            "pretrain_lr": 1e-2,
+        },
+        "lora": {"r": 4, "alpha": 8},
+    },
+    "env": {"name": "frozenlake", "heldout_tasks": 2, "reward_density": "dense", "format_penalty": 0.1},
+    "rollout": {"tasks_per_update": 2, "group_size": 3, "max_new_tokens": 4, "temperature": 1.5},
+    "turns": {"max": 3},
+    "context": {"policy": "full"},
+    "algo": {"lr": 1e-3, "micro_batch_size": 64, "agg_len": 16},
+    "train": {"updates": 1, "eval_every": 0, "mi_every": 0, "threads": 1, "device": "cpu", "seed": 3},
+    "tracking": {"mlflow": False, "samples": 0},
+}
+CLIP = [
+    {"level": level, "seq_mask": mask, "eps_low": 0.2, "eps_high": 0.28, "seq_mask_delta": 1e-3}
+    for level in ("token", "sequence", "trajectory", "none")
+    for mask in (False, True)
+]
+KL = [("none", "loss")] + [(est, where) for est in ("k1", "k2", "k3") for where in ("loss", "reward")]
+LAYOUTS = ("concatenated", "per-step")
+
+
+def combo(clip, agg, estimator, norm, filt, kl, critic, layout, mask, constrain) -> dict:
+    return {
+        "clip": clip, "agg": agg, "estimator": estimator, "norm": norm, "filter": filt, "kl": kl,
+        "critic": critic, "layout": layout, "mask": mask, "constrain": constrain,
+    }  # fmt: skip
+
+
+def loss_side() -> list[dict]:
+    cyc = itertools.cycle(
+        itertools.product(ADVANTAGE.names(), ADV_NORM.names(), GROUP_FILTER.names(), ("k1", "k2", "k3"))
+    )
+    out = []
+    for clip, agg, where, critic, layout, mask, constrain in itertools.product(
+        CLIP, AGGREGATION.names(), ("loss", "reward"), (False, True), LAYOUTS, (True, False), (False, True)
+    ):
+        est, norm, filt, kl_est = next(cyc)
+        est = ("gae" if layout == "concatenated" else "reinforce_pp") if critic else est
+        out.append(combo(clip, agg, est, norm, filt, (kl_est, where), critic, layout, mask, constrain))
+    return out
+
+
+def advantage_side() -> list[dict]:
+    cyc = itertools.cycle(itertools.product(CLIP, AGGREGATION.names(), (False, True)))
+    out = []
+    for est, norm, filt, kl, layout, mask in itertools.product(
+        ADVANTAGE.names(), ADV_NORM.names(), GROUP_FILTER.names(), KL, LAYOUTS, (True, False)
+    ):
+        clip, agg, constrain = next(cyc)
+        out.append(combo(clip, agg, est, norm, filt, kl, est == "gae", layout, mask, constrain))
+    return out
+
+
+ALL = loss_side() + advantage_side()
+SAMPLE = random.Random(0).sample(ALL, 14)
+
+
+def combo_id(c: dict) -> str:
+    clip = c["clip"]["level"] + ("+mask" if c["clip"]["seq_mask"] else "")
+    return "-".join(
+        [clip, c["agg"], c["estimator"], c["norm"], c["filter"], "/".join(c["kl"]), "critic" * c["critic"],
+         c["layout"], "maskon" if c["mask"] else "maskoff", "constr" * c["constrain"]]
+    )  # fmt: skip
+
+
+def raw_config(c: dict) -> dict:
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    raw["algo"] = {
+        **BASE["algo"],
+        "clip": c["clip"],
+        "agg": c["agg"],
+        "adv": {"estimator": c["estimator"], "norm": c["norm"]},
+        "filter": {"name": c["filter"], "top_p": 0.9, "top_k": 0.5},
+        "kl": {"estimator": c["kl"][0], "where": c["kl"][1], "coef": 0.3},
+        "critic": {"enabled": c["critic"]},
+        "minibatches": 1,
+        "epochs": 1,
+    }
+    raw["context"] = {"policy": "full", "layout": c["layout"], "mask_observations": c["mask"]}
+    raw["rollout"] = {**BASE["rollout"], "constrain": c["constrain"]}
+    return raw
+
+
+class Env:
+    """One trainer per rollout setting (its rollouts are reused), one policy whose trainable
+    weights are reset before every check."""
+
+    def __init__(self, root):
+        self.root, self.trainers, self.episodes = root, {}, {}
+
+    def trainer(self, cfg: RunConfig) -> Trainer:
+        key = cfg.rollout.constrain
+        if key not in self.trainers:
+            self.trainers[key] = Trainer(cfg, self.root / f"run{int(key)}", RunLogger(self.root / f"log{int(key)}"))
+            t = self.trainers[key]
+            t.initial = {n: p.detach().clone() for n, p in t.policy.model.named_parameters() if p.requires_grad}
+            self.episodes[key] = t._rollout(
+                t._train_tasks(1, 0), cfg.rollout.group_size, greedy=False, budget=cfg.turns.max,
+                generator=torch.Generator().manual_seed(7),
+            )  # fmt: skip
+        t = self.trainers[key]
+        with torch.no_grad():
+            for n, p in t.policy.model.named_parameters():
+                if p.requires_grad:
+                    p.copy_(t.initial[n])
+            for p in t.policy.value_head.parameters():
+                p.zero_()
+        return t
+
+    def batch(self, t: Trainer, cfg: RunConfig):
+        eps = [e for e in self.episodes[cfg.rollout.constrain] if e.steps and e.env_error is None]
+        f = cfg.algo.filter
+        try:
+            res = GROUP_FILTER.get(f.name)(
+                torch.tensor([e.outcome for e in eps]), torch.tensor([e.group for e in eps]),
+                axis_params(FilterParams, f),
+            )  # fmt: skip
+        except EmptyBatchError:
+            return None
+        kept = [e for e, k in zip(eps, res.keep.tolist()) if k]
+        return t.training_batch(kept, cfg)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Trainers and rollouts of the module; the tiny base model lives in the session's cache
+    (tests/conftest.py), so this module and its sibling build it once."""
+    shared = Env(tmp_path_factory.mktemp("runs"))
+    yield shared
+    for t in shared.trainers.values():
+        t.close()
+
+
+def _grads(policy) -> torch.Tensor:
+    params = policy.actor_parameters() + policy.critic_parameters()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
+
+def _perturb(policy, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.actor_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def check(env: Env, c: dict) -> None:
+    try:
+        cfg = validate_run_config(raw_config(c), "combo")
+    except ConfigError as e:  # rejected at load: one paragraph naming the source
+        assert str(e).startswith("combo:") and "Traceback" not in str(e)
+        return
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    if batch is None:  # the filter kept nothing: the trainer skips such an update
+        return
+    policy, a = t.policy, cfg.algo
+    # 1. one update completes; the first (only) minibatch starts exactly on-policy at the reference
+    metrics = run_update(policy, make_optimizer(policy, cfg), batch, cfg, torch.Generator().manual_seed(0))
+    assert all(v == v for k, v in metrics.items() if k.startswith("loss/")), metrics
+    assert metrics["diag/ratio_min"] == 1.0 and metrics["diag/ratio_max"] == 1.0, metrics
+    assert metrics["diag/kl_k3"] == 0.0 and metrics["diag/kl_k3_max"] == 0.0
+    # 2. off-policy, micro-batches of one row give the full-batch gradient
+    env.trainer(cfg)  # reset the weights
+    fwd = behaviour_forward(policy, batch, cfg)
+    adv, returns = advantages(batch, fwd, cfg)
+    _perturb(policy, 11)
+    policy.model.train()
+    rows = torch.arange(batch.num_rows)
+    grads = []
+    for size in (batch.num_rows, 1):
+        cfg_size = cfg.model_copy(update={"algo": a.model_copy(update={"micro_batch_size": size})})
+        policy.model.zero_grad(set_to_none=True)
+        policy.value_head.zero_grad(set_to_none=True)
+        _minibatch_step(policy, batch, rows, adv, returns, fwd, cfg_size, {})
+        grads.append(_grads(policy))
+    policy.model.eval()
+    full, one = grads  # (a zero gradient is legitimate: e.g. groups without reward variance and no KL term)
+    assert len(_micro_batches(batch, rows, 1)) > 1  # the split really happened
+    assert (full - one).norm() <= 1e-5 * full.norm() + 1e-12, ((full - one).norm(), full.norm())
+    # 3. both layouts give the same advantages on every action token of the same episodes
+    if c["estimator"] != "gae":
+        other = "per-step" if c["layout"] == "concatenated" else "concatenated"
+        raw = raw_config({**c, "layout": other})
+        cfg2 = validate_run_config(raw, "combo")
+        batch2 = env.batch(t, cfg2)
+        env.trainer(cfg)
+        _perturb(policy, 12)  # a policy away from the reference, so KL-in-reward is not 0
+        adv1 = batch.to_stream(advantages(batch, behaviour_forward(policy, batch, cfg), cfg)[0])
+        adv2 = batch2.to_stream(advantages(batch2, behaviour_forward(policy, batch2, cfg2), cfg2)[0])
+        assert torch.allclose(adv1, adv2, atol=1e-5), (adv1 - adv2).abs().max()
+
+
+@pytest.mark.parametrize("c", SAMPLE, ids=combo_id)
+def test_sampled_combination(env, c):
+    check(env, c)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c", ALL, ids=combo_id)
+def test_every_combination(env, c):
+    check(env, c)
+
+
+def test_the_lists_cover_every_value_of_every_axis():
+    for key, names in (
+        ("estimator", ADVANTAGE.names()), ("norm", ADV_NORM.names()), ("filter", GROUP_FILTER.names()),
+        ("agg", AGGREGATION.names()),
+    ):  # fmt: skip
+        assert {c[key] for c in ALL} == set(names), key
+    assert {c["kl"][0] for c in ALL} == set(KL_ESTIMATOR.names())
+    assert {(c["clip"]["level"], c["clip"]["seq_mask"]) for c in ALL} == {(x["level"], x["seq_mask"]) for x in CLIP}
+    assert {(c["layout"], c["mask"], c["constrain"], c["critic"]) for c in loss_side()} >= {
+        (lay, m, con, cr) for lay in LAYOUTS for m in (True, False) for con in (True, False) for cr in (True, False)
+    }
