@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS, SAMPLES, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "mlflow_run_id"
+EVAL_TASKS = "eval_tasks.jsonl"  # one row per evaluated episode (paired analysis)
 MLFLOW_STATUS = {"done": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
 
@@ -242,6 +243,7 @@ class RunLogger:
 
     log(update, metrics)        one metrics.jsonl row {"update": k, **metrics}; MLflow step k
     log_samples(update, rows)   rows of samples.jsonl, each with "update"
+    log_eval_tasks(update, rows) one eval_tasks.jsonl row per evaluated episode, each with "update"
     log_params(params)          flat dict -> MLflow params
     truncate_after(update)      on resume: drop rows logged after the checkpoint's update
     close(status)               done / failed / diverged / interrupted
@@ -262,10 +264,12 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path, self.samples_path = self.run_dir / METRICS, self.run_dir / SAMPLES
-        for path in (self.metrics_path, self.samples_path):
+        self.eval_tasks_path = self.run_dir / EVAL_TASKS
+        for path in (self.metrics_path, self.samples_path, self.eval_tasks_path):
             rewrite_jsonl(path)  # a kill mid-append leaves a torn line
         self._stale_metrics = self._max_update(self.metrics_path)
         self._stale_samples = self._max_update(self.samples_path)
+        self._stale_eval_tasks = self._max_update(self.eval_tasks_path)
         self.mlflow: MlflowSink | None = None
         if mlflow_uri:
             self.mlflow = MlflowSink(
@@ -298,15 +302,21 @@ class RunLogger:
         self._stale_samples = -math.inf
         append_jsonl(self.samples_path, [{"update": int(update), **r} for r in rows])
 
+    def log_eval_tasks(self, update: int, rows: list[dict]) -> None:
+        if update <= self._stale_eval_tasks:
+            rewrite_jsonl(self.eval_tasks_path, lambda r: r.get("update", -math.inf) < update)
+        self._stale_eval_tasks = -math.inf
+        append_jsonl(self.eval_tasks_path, [{**r, "update": int(update)} for r in rows])
+
     def log_params(self, params: dict[str, Any]) -> None:
         if self.mlflow is not None:
             self.mlflow.log_params(params)
 
     def truncate_after(self, update: int) -> None:
         """Keep only rows with update <= `update` (the checkpoint the run resumes from)."""
-        for path in (self.metrics_path, self.samples_path):
+        for path in (self.metrics_path, self.samples_path, self.eval_tasks_path):
             rewrite_jsonl(path, lambda r: r.get("update", math.inf) <= update)
-        self._stale_metrics = self._stale_samples = -math.inf
+        self._stale_metrics = self._stale_samples = self._stale_eval_tasks = -math.inf
 
     def close(self, status: str) -> None:
         if self.mlflow is not None:

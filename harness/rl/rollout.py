@@ -161,6 +161,14 @@ class KVBatch:
 
 
 # ----------------------------------------------------------------------------- one turn
+def _row_uniforms(generators: list[torch.Generator], active: torch.Tensor) -> torch.Tensor:
+    """(B,) float64: a number from each active row's own stream; finished rows draw nothing."""
+    u = torch.full((len(generators),), 0.5, dtype=torch.float64)
+    for b in active.nonzero().flatten().tolist():
+        u[b] = torch.rand((), generator=generators[b], dtype=torch.float64)
+    return u
+
+
 @dataclass
 class TurnOutput:
     ids: list[list[int]]
@@ -180,9 +188,13 @@ def generate_turn(
     temperature: float,
     top_p: float,
     greedy: bool,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
 ) -> TurnOutput:
-    """Prefill `new_ids` (one segment per row) and sample one action per row."""
+    """Prefill `new_ids` (one segment per row) and sample one action per row.
+
+    generator: one stream for the whole batch, or one per row (common random numbers: a row draws
+    one number from its own stream per token it generates, so its tokens never depend on the other
+    rows)."""
     logits = kv.prefill(new_ids)  # (B, V)
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
@@ -199,7 +211,12 @@ def generate_turn(
             for b, node in enumerate(nodes):
                 if constrained[b]:
                     sets[b].append(sorted(node) if node is not None else [])
-        d = draw(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator, allowed=allowed)
+        shared, u = (
+            (generator, None) if isinstance(generator, torch.Generator) else (None, _row_uniforms(generator, active))
+        )
+        d = draw(
+            logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=shared, allowed=allowed, uniforms=u
+        )
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
         length += active.long()
         active = active & (d.tokens != eot_id)
@@ -244,6 +261,7 @@ class _Play:
     info: dict
     segments: list[list[int]]  # observation segments as shown (observation format, turn 0 included)
     actions: list[list[int]]  # sampled action ids
+    stream: torch.Generator | None = None  # the episode's own sampling stream (common random numbers)
 
 
 def collect(
@@ -253,7 +271,7 @@ def collect(
     tasks: list[tuple[int, int]],
     cfg: RunConfig,
     *,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
     instructions: str,
     turn_budget: int | None = None,
     greedy: bool = False,
@@ -267,16 +285,18 @@ def collect(
     (pass `turn_budget_at(update, cfg.turns)` for the curriculum). reuse_cache=False prefills
     append-only contexts from scratch every turn (benchmark baseline; same results).
     timings: if a list, one dict per turn is appended (rows, prefill tokens, generated tokens,
-    seconds of generation). Deterministic given `generator` on CPU. An episode whose reset
+    seconds of generation). Deterministic given `generator` on CPU: one stream shared by the batch,
+    or one per task entry (each episode then samples from its own stream). An episode whose reset
     reports info["env_error"] comes back with no steps and `env_error` set.
     """
     n_env = getattr(venv, "n", len(tasks))
     if n_env != len(tasks):
         raise ValueError(f"collect: the vector env holds {n_env} environments for {len(tasks)} tasks")
     budget = turn_budget if turn_budget is not None else cfg.turns.max
+    streams = generator if isinstance(generator, list) else [None] * len(tasks)
     plays = [
-        _Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [])
-        for (s, g), (obs, info) in zip(tasks, venv.reset([s for s, _ in tasks]))
+        _Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [], gen)
+        for (s, g), (obs, info), gen in zip(tasks, venv.reset([s for s, _ in tasks]), streams)
     ]
     system = system_ids(chat, instructions)
     check_prompt_split(chat, instructions, plays[0].obs)
@@ -310,7 +330,7 @@ def collect(
                     temperature=cfg.rollout.temperature,
                     top_p=cfg.rollout.top_p,
                     greedy=greedy,
-                    generator=generator,
+                    generator=generator if isinstance(generator, torch.Generator) else [p.stream for p in alive],
                 )
                 if timings is not None:
                     timings.append(

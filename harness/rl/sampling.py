@@ -12,6 +12,8 @@ log-prob is returned beside it so the trainer can use either as the behaviour lo
 
 Draws use inverse-CDF sampling with one uniform number per row from `generator`, so the same
 generator state gives the same tokens, and a CPU generator can drive a model on any device.
+`uniforms` (B,) replaces the generator's numbers: the rollout passes one stream per episode for
+evaluation (common random numbers: an episode's tokens depend only on its own stream).
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
 
 
-def inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of unnormalised `probs` (B, V); zero-probability tokens are never drawn."""
-    u = torch.rand(probs.shape[0], generator=generator, device=generator.device, dtype=torch.float64).to(
-        probs.device
-    )  # (B,)
+def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """One draw per row of unnormalised `probs` (B, V); zero-probability tokens are never drawn.
+    u (B,) float64 in [0, 1): the uniform numbers to use instead of drawing them from `generator`."""
+    if u is None:
+        u = torch.rand(probs.shape[0], generator=generator, device=generator.device, dtype=torch.float64)
+    u = u.to(probs.device)  # (B,)
     cdf = probs.double().cumsum(-1)  # (B, V)
     tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     tok = tok.clamp(max=probs.shape[1] - 1)
@@ -65,8 +68,9 @@ def draw(
     temperature: float,
     top_p: float,
     greedy: bool,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     allowed: torch.Tensor | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> Draw:
     """Next tokens for a batch. logits (B, V); allowed (B, V) bool or None (no constraint)."""
     scaled = logits.float() / temperature  # (B, V)
@@ -80,7 +84,7 @@ def draw(
         probs = logp.exp()
         if top_p < 1.0:
             probs = top_p_filter(probs, top_p)
-        tok = inverse_cdf(probs, generator)
+        tok = inverse_cdf(probs, generator, uniforms)
     idx = tok.unsqueeze(1)
     return Draw(tok, logp.gather(1, idx).squeeze(1), raw_logp.gather(1, idx).squeeze(1))
 

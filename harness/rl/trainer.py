@@ -31,6 +31,7 @@ from harness.diagnostics.episode_metrics import episode_metrics, group_reward_st
 from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
+from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.rollout import collect, turn_budget_at
@@ -176,27 +177,21 @@ class Trainer:
         return turn_budget_at(max(update - 1, 0), self.cfg.turns)
 
     def evaluate(self, update: int) -> dict[str, float]:
-        c = self.cfg
-        n = c.train.eval_episodes
-        seeds = [self.heldout[i % len(self.heldout)] for i in range(n)]
-        out: dict[str, float] = {}
-        for mode, greedy in (("greedy", True), ("sampled", False)):
-            eps = self._rollout(
-                seeds,
-                1,
-                greedy=greedy,
-                budget=self.eval_budget(update),
-                generator=_generator(c.train.seed, 10**6, update),
-            )
-            for k, v in episode_metrics(eps, f"eval_{mode}", self.markers).items():
-                out[k] = v
-        return out
+        """Held-out evaluation with common random numbers (`harness.rl.evaluate`); one row per
+        episode goes to eval_tasks.jsonl for paired comparisons."""
+        eval_plan = evaluation.plan(self.heldout, self.cfg.train.eval_episodes)
+        metrics, rows = evaluation.evaluate(
+            self.policy, self.cfg, self._venv, eval_plan, update=update, budget=self.eval_budget(update),
+            instructions=self.instructions, markers=self.markers,
+        )  # fmt: skip
+        self.logger.log_eval_tasks(update, rows)
+        return metrics
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict:
         c = self.cfg
         modules = self.policy.trainable_modules()
-        start, state = 0, {"best": self.best, "init_eval": None}
+        start, state = 0, {"best": self.best, "init_eval": None, "cost": {"episodes": 0.0, "generated_tokens": 0.0}}
         resumed = load_checkpoint(self.run_dir, modules, self.optimizer)
         if resumed is not None:
             start, state = resumed
@@ -210,8 +205,13 @@ class Trainer:
             self._track_best(0, init)
         last_eval: dict[str, float] = state.get("last_eval") or state["init_eval"] or {}
         t_start = time.time()
+        cost = state.setdefault("cost", {"episodes": 0.0, "generated_tokens": 0.0})
+        wall_before = cost.get("wall_s", 0.0)  # wall time of earlier attempts (resume)
         for update in range(start + 1, self.updates + 1):
             metrics = self._one_update(update)
+            cost["episodes"] += metrics["perf/episodes"]
+            cost["generated_tokens"] += metrics["perf/rollout_tokens"]
+            cost["wall_s"] = wall_before + time.time() - t_start
             if c.train.eval_every and update % c.train.eval_every == 0 or update == self.updates:
                 last_eval = self.evaluate(update)
                 state["last_eval"] = last_eval
@@ -267,6 +267,9 @@ class Trainer:
             **group_reward_stats(all_eps),
             **fstats,
             "env/turn_budget": float(budget),
+            # training cost of this update (DAPO refills included), for compute-matched comparisons
+            "perf/episodes": float(len(all_eps)),
+            "perf/rollout_tokens": float(sum(len(s.action_ids) for e in all_eps for s in e.steps)),
         }
         self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
         # an environment error ends an episode early with a meaningless return: never train on it
@@ -282,7 +285,6 @@ class Trainer:
         if c.train.mi_every and update % c.train.mi_every == 0:
             metrics.update(self._mi(all_eps))
         metrics["train/skipped_empty"] = 0.0
-        metrics["perf/rollout_tokens"] = float(sum(len(s.action_ids) for e in all_eps for s in e.steps))
         metrics["perf/train_tokens"] = float(batch.attention_mask.sum())
         # wall times vary between identical runs: they go to timings.jsonl, so that
         # metrics.jsonl stays bit-identical for the same config and seed
@@ -325,6 +327,9 @@ class Trainer:
         out["updates"] = float(self.updates)
         out["collapsed_at"] = self.monitor.collapsed_at
         out["collapse_events"] = self.monitor.events
+        # training cost: episodes and generated tokens of the rollouts trained on (refills included)
+        # and wall time of the training loop, evaluations included
+        out.update({f"cost/{k}": float(v) for k, v in state.get("cost", {}).items()})
         return out
 
 

@@ -1,0 +1,69 @@
+"""Held-out evaluation with common random numbers, shared by the trainer and `harness eval`.
+
+Every point of a sweep plays the same held-out tasks, and sampled episode k of task j draws its
+tokens from its own random stream, seeded by (j, k) only: not by the training seed, the update
+or the rest of the batch. Differences between points, seeds and updates are therefore paired by
+(task, sample): greedy episodes exactly (deterministic decoding), sampled ones through common
+random numbers (docs/algorithms.md section 9; REFERENCE's paired design).
+
+`plan(heldout, episodes)` lays the evaluation out: `episodes` sampled episodes cycle through the
+held-out tasks (sample index k = i // len(heldout)); greedy decoding plays each distinct task once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.config.schema import RunConfig
+from harness.diagnostics.episode_metrics import episode_metrics
+from harness.rl.rollout import collect
+from harness.transcript.records import Episode
+
+EVAL_STREAM_SALT = 0x5EED_E7A1  # keeps evaluation streams apart from every training stream
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    greedy: list[int]  # task seeds, each once
+    sampled: list[tuple[int, int]]  # (task seed, sample index)
+
+
+def plan(heldout: list[int], episodes: int) -> EvalPlan:
+    sampled = [(heldout[i % len(heldout)], i // len(heldout)) for i in range(episodes)]
+    return EvalPlan(greedy=list(dict.fromkeys(t for t, _ in sampled)), sampled=sampled)
+
+
+def episode_stream(task: int, sample: int) -> torch.Generator:
+    """The sampling stream of evaluation episode (task, sample): the same in every point and run."""
+    seed = int(np.random.SeedSequence([EVAL_STREAM_SALT, task, sample]).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
+
+
+def task_row(update: int, mode: str, sample: int, ep: Episode) -> dict:
+    """One row of eval_tasks.jsonl."""
+    return {"update": int(update), "mode": mode, "task": int(ep.task_seed), "sample": int(sample),
+            "success": int(ep.won), "return": float(ep.outcome), "turns": int(ep.num_turns)}  # fmt: skip
+
+
+def evaluate(
+    policy, cfg: RunConfig, venv: Callable[[int], object], eval_plan: EvalPlan, *, update: int, budget: int,
+    instructions: str, markers: tuple[str, ...] = (), modes: tuple[str, ...] = ("greedy", "sampled"),
+) -> tuple[dict[str, float], list[dict]]:  # fmt: skip
+    """Play the plan greedily and sampled; return (eval_greedy/... and eval_sampled/... metrics,
+    one row per episode). `venv(n)` gives a vector env of n instances."""
+    metrics: dict[str, float] = {}
+    rows: list[dict] = []
+    for mode in modes:
+        tasks = [(t, 0) for t in eval_plan.greedy] if mode == "greedy" else eval_plan.sampled
+        streams = [episode_stream(t, k) for t, k in tasks]
+        eps = collect(
+            policy.model, policy.chat, venv(len(tasks)), [(t, i) for i, (t, _) in enumerate(tasks)], cfg,
+            turn_budget=budget, greedy=mode == "greedy", generator=streams, instructions=instructions,
+        )  # fmt: skip
+        metrics.update(episode_metrics(eps, f"eval_{mode}", markers))
+        rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
+    return metrics, rows
