@@ -7,7 +7,6 @@ exit status 2, never a traceback; a missing component is one line and status 1.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import typing
@@ -16,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from harness import __version__
+from harness.cli.console import check_results_dir, config_warning_printer, say_error
 from harness.config.errors import ConfigError, ConfigWarning, UnavailableError
 
 app = typer.Typer(
@@ -30,12 +29,6 @@ app = typer.Typer(
     "Declare a base config and the axes to vary in a sweep file, run it, resume it, "
     "and trace every number back to its config, code version and packages.",
 )
-# user values (paths, keys, config values) are printed verbatim: no markup, no :emoji: codes
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
-
-
-def say_error(message: str) -> None:
-    err.print(f"error: {message}", markup=False, emoji=False, soft_wrap=True)
 
 
 def _fail(message: str, code: int) -> typing.NoReturn:
@@ -68,21 +61,9 @@ def _sigterm_as_interrupt() -> None:
 # ----------------------------------------------------------------------------- sweep / run
 def preflight(sweep: Any) -> None:
     """What the trainer can check before any point starts (model.name exists; ConfigError)."""
-    from harness.experiments.runner import check_before_run
+    from harness.experiments.checks import check_before_run
 
     check_before_run(sweep)
-
-
-def check_results_dir(results: Path, option: str) -> None:
-    """The results root must be a folder this process can create and write in."""
-    if results.exists() and not results.is_dir():
-        raise ConfigError(f"{option} {results}: is a file, not a folder; give a folder for the results.")
-    try:
-        results.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{option} {results}: cannot create this folder ({e.strerror or e}).") from None
-    if not os.access(results, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {results}: this folder is not writable.")
 
 
 def _print_points(sweep: Any, results: Path) -> None:
@@ -378,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     are printed once each as `warning: ...`."""
     with warnings.catch_warnings():
         warnings.simplefilter("always", ConfigWarning)
-        warnings.showwarning = _config_warning_printer(warnings.showwarning)
+        warnings.showwarning = config_warning_printer(warnings.showwarning)
         try:
             app(args=argv, prog_name="harness")
         except ConfigError as e:
@@ -387,20 +368,3 @@ def main(argv: list[str] | None = None) -> None:
         except UnavailableError as e:
             say_error(str(e))
             sys.exit(1)
-
-
-def _config_warning_printer(fallback: Any) -> Any:
-    """A `warnings.showwarning` that prints each ConfigWarning once (by its once_key) as one
-    paragraph on stderr and leaves other warnings to `fallback`."""
-    seen: set = set()
-
-    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        if not issubclass(category, ConfigWarning):
-            fallback(message, category, filename, lineno, file, line)
-            return
-        key = getattr(message, "once_key", str(message))
-        if key not in seen:
-            seen.add(key)
-            err.print(f"warning: {message}", markup=False, emoji=False, soft_wrap=True)
-
-    return show

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.config.errors import ConfigError, Diverged, UnavailableError
+from harness.config.errors import Diverged, UnavailableError
 from harness.experiments.loading import dump_config, flatten
 from harness.experiments.provenance import environment
 from harness.experiments.sweep import Point, Sweep
@@ -143,24 +143,6 @@ def _point_lock(run_dir: Path) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
-
-
-def check_before_run(sweep: Sweep, train_fn: str | TrainFn | None = None) -> None:
-    """What the default trainer can check before any point starts: every model.name can be loaded
-    as far as that is known without loading it (`harness.model.base.model_source_problem`).
-    Another trainer (`train_fn`, HARNESS_TRAIN_FN) reads the config its own way: nothing to check."""
-    if train_fn_spec(train_fn) != DEFAULT_TRAIN_FN:
-        return
-    check_model_names(sorted({p.config.model.name for p in sweep.points}), str(sweep.path or sweep.name))
-
-
-def check_model_names(names: list[str], source: str) -> None:
-    from harness.model.base import model_source_problem
-
-    for name in names:
-        problem = model_source_problem(name)
-        if problem:
-            raise ConfigError(f"{source}: model.name: {problem}")
 
 
 # ----------------------------------------------------------------------------- one point

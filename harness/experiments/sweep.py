@@ -33,15 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
+from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
     apply_overrides,
-    check_base_kind,
     covers,
     error_paragraph,
     flatten,
     get_dotted,
     kind_of,
-    load_base,
     parse_override,
     read_yaml,
     show_value,

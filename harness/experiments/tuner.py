@@ -29,16 +29,9 @@ import optuna
 from optuna.trial import TrialState
 
 from harness.config.errors import ConfigError, UnavailableError
-from harness.experiments.runner import (
-    DEFAULT_TRAIN_FN,
-    RunOptions,
-    check_model_names,
-    point_dir,
-    read_status,
-    run_point,
-    train_fn_spec,
-)
-from harness.experiments.study import TuneStudy, make_pruner, make_sampler, objective_value, suggest
+from harness.experiments.runner import RunOptions, point_dir, read_status, run_point
+from harness.experiments.samplers import make_pruner, make_sampler
+from harness.experiments.study import TuneStudy, objective_value, suggest
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import ensure_experiment, read_jsonl
 
@@ -131,17 +124,6 @@ def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> op
             f"rename the study or use another --storage."
         )
     return ostudy
-
-
-def check_before_tuning(study: TuneStudy) -> None:
-    """`harness.experiments.runner.check_before_run` for a study: the base's model.name and any
-    model.name the space searches."""
-    if train_fn_spec(None) != DEFAULT_TRAIN_FN:
-        return
-    names = {p.config.model.name for p in study.points({}, "base")}
-    searched = study.spec.space.get("model.name")
-    names |= {str(c) for c in (searched.choices or [])} if searched is not None else set()
-    check_model_names(sorted(names), str(study.path))
 
 
 # ----------------------------------------------------------------------------- one trial

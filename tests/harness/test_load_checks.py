@@ -27,7 +27,8 @@ from harness.config.errors import ConfigError, ConfigWarning, warn
 from harness.config.schema import QWEN2_LINEAR_MODULES, SEED_MAX
 from harness.diagnostics.episode_metrics import EVAL_METRICS, episode_metrics
 from harness.experiments.loading import iter_config_fields, load_run_config, validate_run_config
-from harness.experiments.study import ParamSpec, load_study, make_pruner, make_sampler, objective_metrics
+from harness.experiments.samplers import make_pruner, make_sampler
+from harness.experiments.study import ParamSpec, load_study, objective_metrics
 from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import config_warnings_recorded, read_jsonl
 from harness.model.base import ModelError, check_lora_targets, model_source_problem
