@@ -516,7 +516,6 @@ def test_malformed_input_exits_2_with_one_paragraph(case, tmp_path, monkeypatch)
     [
         (["run", "cfg.yaml", "--dry-run"], "cfg.yaml: train.seed = -1"),
         (["sweep", "s.yaml", "--dry-run", "--seeds=-1"], "--seeds -1"),
-        (["tune", "t.yaml", "--show"], "sampler.n_startup_trials = 'abc'"),
     ],
 )
 def test_the_real_entry_point_gives_the_same_one_paragraph(argv, expect, tmp_path):
@@ -526,7 +525,6 @@ def test_the_real_entry_point_gives_the_same_one_paragraph(argv, expect, tmp_pat
             "cfg.yaml": "train: {seed: -1}\n",
             "base.yaml": BASE,
             "s.yaml": "name: s\nbase: base.yaml\nseeds: [0]\n",
-            "t.yaml": STUDY + "sampler: {name: tpe, n_startup_trials: abc}\n",
         },
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "1000"}
