@@ -29,9 +29,9 @@ _HELDOUT_FLAGS: dict[tuple, bytearray] = {}  # (Env class, options json) -> flag
 
 
 class EnvOptions(BaseModel):
-    """Base class of every environment's options; unknown keys are errors."""
+    """Base class of every environment's options; unknown keys are errors, floats must be finite."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 @dataclass

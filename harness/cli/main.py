@@ -10,14 +10,15 @@ import json
 import signal
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from harness import __version__
-from harness.config.errors import ConfigError, UnavailableError
+from harness.cli.console import check_results_dir, config_warning_printer, say_error
+from harness.config.errors import ConfigError, ConfigWarning, UnavailableError
 
 app = typer.Typer(
     add_completion=False,
@@ -28,11 +29,10 @@ app = typer.Typer(
     "Declare a base config and the axes to vary in a sweep file, run it, resume it, "
     "and trace every number back to its config, code version and packages.",
 )
-err = Console(stderr=True, highlight=False)
 
 
 def _fail(message: str, code: int) -> typing.NoReturn:
-    err.print(f"error: {message}", markup=False, soft_wrap=True)
+    say_error(message)
     raise typer.Exit(code)
 
 
@@ -59,6 +59,13 @@ def _sigterm_as_interrupt() -> None:
 
 
 # ----------------------------------------------------------------------------- sweep / run
+def preflight(sweep: Any) -> None:
+    """What the trainer can check before any point starts (model.name exists; ConfigError)."""
+    from harness.experiments.checks import check_before_run
+
+    check_before_run(sweep)
+
+
 def _print_points(sweep: Any, results: Path) -> None:
     from harness.experiments.runner import point_dir, read_status
 
@@ -153,11 +160,13 @@ def sweep(
         except ValueError:
             _fail(f"--seeds {seeds!r} is not a comma-separated list of integers (e.g. --seeds 0,1)", 2)
     swp = load_sweep(file, list(override), seed_list)
+    preflight(swp)
     if dry_run:
         _print_points(swp, results)
         return
     if backend == "local" and (address or retries):
         _fail("--address and --retries apply to --backend ray", 2)
+    check_results_dir(results, "--results")
     executor = None
     if backend == "ray":
         from harness.experiments.ray_backend import RayExecutor
@@ -176,7 +185,9 @@ def run(
         metavar="KEY=VALUE",
         help="Set a dotted config key, e.g. -o algo.clip.level=sequence (repeatable).",
     ),
-    out: Path = typer.Option(Path("results"), "--out", help="Results root: the run goes to OUT/<name>/<point id>/."),
+    results: Path = typer.Option(
+        Path("results"), "--results", "--out", help="Results root: the run goes to RESULTS/<name>/<point id>/."
+    ),
     name: str | None = typer.Option(
         None, "--name", help="Results folder and MLflow experiment (default: config file name)."
     ),
@@ -191,11 +202,13 @@ def run(
     from harness.experiments.sweep import single_point
 
     swp = single_point(config, list(override), name)
+    preflight(swp)
     if dry_run:
         print(f"# point {swp.points[0].id}")
         print(dump_config(swp.points[0].config), end="")
         return
-    _run(swp, out, 1, True, no_mlflow)
+    check_results_dir(results, "--results/--out")
+    _run(swp, results, 1, True, no_mlflow)
 
 
 # ----------------------------------------------------------------------------- documentation
@@ -236,7 +249,10 @@ def axes_markdown() -> str:
 
 def write_generated_block(path: Path, text: str) -> None:
     """Replace the text between the GENERATED markers of `path` with `text`."""
-    doc = path.read_text()
+    try:
+        doc = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--write-doc {path}: cannot read it ({getattr(e, 'strerror', None) or e}).") from None
     if GENERATED_BEGIN not in doc or GENERATED_END not in doc:
         raise ConfigError(f"{path}: no {GENERATED_BEGIN} ... {GENERATED_END} block to regenerate")
     head, rest = doc.split(GENERATED_BEGIN, 1)
@@ -339,12 +355,16 @@ for _group in (_analysis, _tune, _bench):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: known errors become messages and exit codes."""
-    try:
-        app(args=argv, prog_name="harness")
-    except ConfigError as e:
-        err.print(f"error: {e}", markup=False, soft_wrap=True)
-        sys.exit(2)
-    except UnavailableError as e:
-        err.print(f"error: {e}", markup=False, soft_wrap=True)
-        sys.exit(1)
+    """Console-script entry point: known errors become messages and exit codes; config warnings
+    are printed once each as `warning: ...`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ConfigWarning)
+        warnings.showwarning = config_warning_printer(warnings.showwarning)
+        try:
+            app(args=argv, prog_name="harness")
+        except ConfigError as e:
+            say_error(str(e))
+            sys.exit(2)
+        except UnavailableError as e:
+            say_error(str(e))
+            sys.exit(1)

@@ -49,14 +49,19 @@ def tune(
     trial number. Start the same command on several machines with one --storage URL to share the
     study. Ctrl-C stops cleanly; the interrupted trial runs first next time.
     """
+    from harness.experiments.checks import check_before_tuning
     from harness.experiments.study import load_study
     from harness.experiments.tracking import default_tracking_uri
     from harness.experiments.tuner import TuneOptions, describe, run_study, show_study
 
     study = load_study(file)
+    check_before_tuning(study)
     if show:
         print("\n".join(show_study(study, results, storage)))
         return
+    from harness.cli.console import check_results_dir
+
+    check_results_dir(results, "--results")
     opts = TuneOptions(
         results=results,
         storage=storage,

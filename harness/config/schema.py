@@ -10,9 +10,10 @@ the bad value and the allowed values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, TypeVar
+import difflib
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from algorithms.advantage import CRITIC_ESTIMATORS
 from algorithms.normalization import check_norm_compatible
@@ -26,9 +27,41 @@ RENAMED_KEYS = {
 
 P = TypeVar("P")
 
+# The leaf modules of a Qwen2 model (the architecture of model.name: tiny) that a LoRA adapter
+# can wrap: attention and MLP projections, then the embedding and the output layer.
+QWEN2_LINEAR_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "embed_tokens",
+    "lm_head",
+)
+
+# Seeds go to Python, numpy and torch and, as PYTHONHASHSEED, to child processes, which accept
+# 0 .. 2**32 - 1 (numpy's legacy seeding has the same range; torch accepts more).
+SEED_MIN, SEED_MAX = 0, 2**32 - 1
+
+# Upper bounds of sizes: far above any run this harness is meant for; they catch typos (a few
+# zeros too many) that would otherwise exhaust memory or time before the first update.
+MAX_WIDTH = 65_536  # model widths, vocabulary
+MAX_BATCH = 65_536  # episodes or rows in one batch
+MAX_COUNT = 10_000_000  # updates, tasks, demonstrations, episodes
+MAX_TURNS = 1_024  # turns of one episode
+MAX_TOKENS = 1_048_576  # tokens of one sequence
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Unknown keys are errors; every float must be finite (inf and nan are rejected)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def seed_field(default: int, doc: str) -> Any:
+    return F(default, doc, ge=SEED_MIN, le=SEED_MAX)
 
 
 def F(default: Any, doc: str, **kw: Any) -> Any:
@@ -40,22 +73,25 @@ def F(default: Any, doc: str, **kw: Any) -> Any:
 class TinyModelConfig(Strict):
     """A small Qwen2-architecture model built from config on this machine (no model hub)."""
 
-    hidden_size: int = F(128, "Width of the tiny Qwen2 model.", ge=8)
-    num_layers: int = F(4, "Transformer layers.", ge=1)
-    num_heads: int = F(4, "Attention heads (key/value heads = heads / 2 when even).", ge=1)
-    intermediate_size: int = F(512, "MLP width.", ge=8)
-    vocab_size: int = F(1024, "Target size of the byte-level BPE tokenizer trained on environment text.", ge=300)
-    max_position: int = F(2048, "Longest sequence the model accepts.", ge=64)
+    hidden_size: int = F(128, "Width of the tiny Qwen2 model.", ge=8, le=MAX_WIDTH)
+    num_layers: int = F(4, "Transformer layers.", ge=1, le=256)
+    num_heads: int = F(4, "Attention heads (key/value heads = heads / 2 when even).", ge=1, le=256)
+    intermediate_size: int = F(512, "MLP width.", ge=8, le=4 * MAX_WIDTH)
+    vocab_size: int = F(
+        1024, "Target size of the byte-level BPE tokenizer trained on environment text.", ge=300, le=4 * MAX_WIDTH
+    )
+    max_position: int = F(2048, "Longest sequence the model accepts.", ge=64, le=MAX_TOKENS)
     pretrain_demos: int = F(
         1000,
         "Expert episodes the tiny model is pre-trained on by supervised "
         "learning (cached by content hash under results/.cache, shared by all points).",
         ge=0,
+        le=MAX_COUNT,
     )
-    pretrain_epochs: int = F(3, "Epochs of that pre-training.", ge=0)
+    pretrain_epochs: int = F(3, "Epochs of that pre-training.", ge=0, le=10_000)
     pretrain_lr: float = F(1e-3, "Learning rate of that pre-training (AdamW).", gt=0)
-    pretrain_batch_size: int = F(16, "Episodes per batch of that pre-training.", ge=1)
-    init_seed: int = F(
+    pretrain_batch_size: int = F(16, "Episodes per batch of that pre-training.", ge=1, le=MAX_BATCH)
+    init_seed: int = seed_field(
         0,
         "Seed of the tiny model's initialisation and pre-training order; independent of "
         "train.seed so that every point of a sweep shares one base model.",
@@ -63,18 +99,19 @@ class TinyModelConfig(Strict):
 
 
 class LoraConfig(Strict):
-    r: int = F(16, "LoRA rank (Hu et al. 2021).", ge=1)
-    alpha: int = F(32, "LoRA scaling numerator (scale = alpha / r).", ge=1)
+    r: int = F(16, "LoRA rank (Hu et al. 2021).", ge=1, le=MAX_WIDTH)
+    alpha: int = F(32, "LoRA scaling numerator (scale = alpha / r).", ge=1, le=MAX_COUNT)
     dropout: float = F(0.0, "Dropout on the LoRA branch; 0 keeps CPU runs bit-reproducible.", ge=0, lt=1)
-    target_modules: list[str] = F(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "Module names that get adapters (Qwen2 names).",
+    target_modules: list[Annotated[str, StringConstraints(min_length=1)]] = F(
+        list(QWEN2_LINEAR_MODULES[:7]),
+        "Module names that get adapters (Qwen2 names; a name matches a module whose dotted path ends with it).",
         min_length=1,
+        max_length=256,
     )
 
 
 class ModelConfig(Strict):
-    name: str = F("tiny", "'tiny' (built locally, see model.tiny), a Hugging Face id, or a local path.")
+    name: str = F("tiny", "'tiny' (built locally, see model.tiny), a Hugging Face id, or a local path.", min_length=1)
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "Parameter dtype; float32 on CPU.")
     finetune: Literal["lora", "full"] = F(
         "lora", "Train a LoRA adapter (reference = adapter off) or all weights (reference = a frozen copy)."
@@ -82,6 +119,21 @@ class ModelConfig(Strict):
     lora: LoraConfig = F(LoraConfig(), "LoRA adapter settings.")
     tiny: TinyModelConfig = F(TinyModelConfig(), "Shape and pre-training of the locally built tiny model.")
     gradient_checkpointing: bool = F(False, "Trade compute for memory in the update.")
+
+    @model_validator(mode="after")
+    def _tiny_lora_targets(self) -> ModelConfig:
+        """The tiny model is a Qwen2 model: its module names are known before it is built."""
+        if self.name != "tiny" or self.finetune != "lora":
+            return self
+        for target in self.lora.target_modules:
+            if target.rpartition(".")[2] not in QWEN2_LINEAR_MODULES:
+                close = difflib.get_close_matches(target, QWEN2_LINEAR_MODULES, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(
+                    f"model.lora.target_modules: {target!r} is not a module of the tiny Qwen2 model{hint}; "
+                    f"choose from: {', '.join(QWEN2_LINEAR_MODULES)}"
+                )
+        return self
 
 
 # ----------------------------------------------------------------------------- env
@@ -94,22 +146,27 @@ class EnvConfig(Strict):
     format_penalty: float = F(
         0.0, "Reward subtracted for an unparsable action (RAGEN uses a negative format reward).", ge=0
     )
-    train_tasks: int = F(0, "Size of the training task pool (0 = a fresh task seed for every group).", ge=0)
-    heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1)
+    train_tasks: int = F(
+        0, "Size of the training task pool (0 = a fresh task seed for every group).", ge=0, le=MAX_COUNT
+    )
+    heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1, le=MAX_COUNT)
     workers: int = F(
         0,
         "Worker processes stepping environments (0 = in-process). Use >0 for TextWorld, whose interpreter can crash.",
         ge=0,
+        le=1_024,
     )
 
 
 # ----------------------------------------------------------------------------- turns / context
 class TurnsConfig(Strict):
-    max: int = F(8, "Turn budget: an episode reaching it is truncated.", ge=1)
+    max: int = F(8, "Turn budget: an episode reaching it is truncated.", ge=1, le=MAX_TURNS)
     curriculum: list[int] = F(
-        [], "ScalingInter-RL budgets h_1 < ... < h_N (AgentGym-RL, Xi et al. 2025); empty = fixed budget turns.max."
+        [],
+        "ScalingInter-RL budgets h_1 < ... < h_N (AgentGym-RL, Xi et al. 2025), each at most turns.max; "
+        "empty = fixed budget turns.max.",
     )
-    curriculum_every: int = F(80, "Updates between curriculum steps (paper: 80).", ge=1)
+    curriculum_every: int = F(80, "Updates between curriculum steps (paper: 80).", ge=1, le=MAX_COUNT)
     overflow_penalty: float = F(
         0.0,
         "Reward subtracted when the budget or max_new_tokens is exceeded (AgentRL, Zhang et al. 2025, uses 0.2).",
@@ -127,6 +184,11 @@ class TurnsConfig(Strict):
         c = self.curriculum
         if any(b <= a for a, b in zip(c, c[1:])) or any(h < 1 for h in c):
             raise ValueError(f"turns.curriculum must be positive and strictly increasing, got {c}")
+        if c and c[-1] > self.max:
+            raise ValueError(
+                f"turns.curriculum {c} goes above turns.max = {self.max}; turns.max is the largest budget an "
+                f"episode may get: raise turns.max to {c[-1]} or lower the curriculum"
+            )
         return self
 
 
@@ -137,8 +199,8 @@ class ContextConfig(Strict):
         "(Agent-R1); every observation cut to `obs_tokens` tokens with a [truncated] marker (AgentRL); "
         "instructions + current observation only (verl-agent history_length 0).",
     )
-    window: int = F(2, "Turns kept by the window policy.", ge=1)
-    obs_tokens: int = F(64, "Token limit per observation for obs_truncate.", ge=1)
+    window: int = F(2, "Turns kept by the window policy.", ge=1, le=MAX_TURNS)
+    obs_tokens: int = F(64, "Token limit per observation for obs_truncate.", ge=1, le=MAX_TOKENS)
     mask_observations: bool = F(
         True,
         "True (every published recipe): train only on the policy's action "
@@ -198,7 +260,9 @@ class FilterConfig(Strict):
     name: str = F("none", "Group filter: none, dapo (drop zero-variance groups), ragen_top_p, ragen_top_k.")
     top_p: float = F(0.9, "ragen_top_p: keep groups holding this share of total reward std (RAGEN-2: 0.9).", gt=0, le=1)
     top_k: float = F(0.5, "ragen_top_k: fraction of groups kept.", gt=0, le=1)
-    max_extra_rounds: int = F(0, "dapo: extra generation rounds to refill the batch (DAPO dynamic sampling).", ge=0)
+    max_extra_rounds: int = F(
+        0, "dapo: extra generation rounds to refill the batch (DAPO dynamic sampling).", ge=0, le=100
+    )
 
 
 class KLConfig(Strict):
@@ -225,7 +289,9 @@ class AlgoConfig(Strict):
         "Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO), "
         "seq-mean-token-sum, seq-mean-token-sum-norm (Dr.GRPO).",
     )
-    agg_len: int = F(256, "T_const of seq-mean-token-sum-norm (divides by batch * agg_len, as TRL).", ge=1)
+    agg_len: int = F(
+        256, "T_const of seq-mean-token-sum-norm (divides by batch * agg_len, as TRL).", ge=1, le=MAX_TOKENS
+    )
     filter: FilterConfig = F(FilterConfig(), "Dynamic filtering of groups.")
     kl: KLConfig = F(KLConfig(), "KL to the reference policy.")
     entropy_coef: float = F(0.0, "Entropy bonus coefficient.", ge=0)
@@ -236,9 +302,11 @@ class AlgoConfig(Strict):
         "gradient. count: they stay in the loss mask (aggregation denominators, sequence-ratio lengths); "
         "drop: they leave it, so the step is not diluted by tokens the policy did not choose.",
     )
-    epochs: int = F(1, "Passes over each rollout batch.", ge=1)
-    minibatches: int = F(1, "Optimizer steps per epoch.", ge=1)
-    micro_batch_size: int = F(16, "Rows per forward pass (gradient accumulation); does not change results.", ge=1)
+    epochs: int = F(1, "Passes over each rollout batch.", ge=1, le=1_000)
+    minibatches: int = F(1, "Optimizer steps per epoch.", ge=1, le=MAX_BATCH)
+    micro_batch_size: int = F(
+        16, "Rows per forward pass (gradient accumulation); does not change results.", ge=1, le=MAX_BATCH
+    )
     lr: float = F(1e-4, "Actor learning rate (AdamW).", gt=0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0)
     grad_clip: float = F(1.0, "Max global gradient norm (0 = off).", ge=0)
@@ -246,17 +314,18 @@ class AlgoConfig(Strict):
 
 # ----------------------------------------------------------------------------- sft / rollout / train
 class SFTConfig(Strict):
-    demos: int = F(0, "Expert demonstrations for the SFT warm-up of the policy (0 = none).", ge=0)
-    epochs: int = F(2, "SFT epochs.", ge=1)
+    demos: int = F(0, "Expert demonstrations for the SFT warm-up of the policy (0 = none).", ge=0, le=MAX_COUNT)
+    epochs: int = F(2, "SFT epochs.", ge=1, le=10_000)
     lr: float = F(1e-4, "SFT learning rate.", gt=0)
-    batch_size: int = F(16, "SFT batch size (episodes).", ge=1)
+    batch_size: int = F(16, "SFT batch size (episodes).", ge=1, le=MAX_BATCH)
     budget: int | None = F(
         None,
         "SFT/RL split (Practitioner's Guide): total budget in RL episodes; "
-        "RL episodes = budget - demos * demo_cost. null = no split.",
+        "RL episodes = budget - demos * demo_cost (at least one update's worth). null = no split.",
         ge=1,
+        le=1_000 * MAX_COUNT,
     )
-    demo_cost: float = F(10.0, "RL episodes one demonstration costs (guide: 10).", gt=0)
+    demo_cost: float = F(10.0, "RL episodes one demonstration costs (guide: 10).", gt=0, le=MAX_COUNT)
 
 
 class RolloutConfig(Strict):
@@ -265,30 +334,34 @@ class RolloutConfig(Strict):
         "Generation backend. Only 'hf' (our batched sampler with KV "
         "reuse) is implemented; 'vllm' is reserved and rejected.",
     )
-    group_size: int = F(8, "G rollouts per task instance (one group).", ge=1)
-    tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1)
+    group_size: int = F(8, "G rollouts per task instance (one group).", ge=1, le=4_096)
+    tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1, le=MAX_BATCH)
     temperature: float = F(1.0, "Sampling temperature (guide: 0.7 for PPO).", gt=0)
     top_p: float = F(1.0, "Nucleus sampling.", gt=0, le=1)
-    max_new_tokens: int = F(16, "Token limit of one action; reaching it counts as overflow.", ge=1)
+    max_new_tokens: int = F(16, "Token limit of one action; reaching it counts as overflow.", ge=1, le=MAX_TOKENS)
     constrain: bool = F(False, "Constrain decoding to the admissible actions where the env lists them.")
 
 
 class TrainConfig(Strict):
-    updates: int = F(40, "RL updates.", ge=0)
-    eval_every: int = F(10, "Held-out evaluation every k updates (and at the end); 0 = only at the end.", ge=0)
-    eval_episodes: int = F(64, "Held-out episodes per evaluation (greedy and sampled).", ge=1)
-    checkpoint_every: int = F(10, "Checkpoint cadence in updates (0 = only at the end).", ge=0)
-    seed: int = F(0, "One seed for python, numpy, torch, environments and sampling.")
+    updates: int = F(40, "RL updates.", ge=0, le=MAX_COUNT)
+    eval_every: int = F(
+        10, "Held-out evaluation every k updates (and at the end); 0 = only at the end.", ge=0, le=MAX_COUNT
+    )
+    eval_episodes: int = F(64, "Held-out episodes per evaluation (greedy and sampled).", ge=1, le=MAX_COUNT)
+    checkpoint_every: int = F(10, "Checkpoint cadence in updates (0 = only at the end).", ge=0, le=MAX_COUNT)
+    seed: int = seed_field(0, "One seed for python, numpy, torch, environments and sampling.")
     device: Literal["auto", "cpu", "cuda"] = F("auto", "Where the model runs.")
-    threads: int = F(0, "torch CPU threads (0 = torch's default).", ge=0)
+    threads: int = F(0, "torch CPU threads (0 = torch's default).", ge=0, le=4_096)
     early_stop_on_collapse: bool = F(False, "Stop when the echo-trap detector fires (RAGEN).")
-    mi_every: int = F(10, "Mutual-information proxy of template collapse (RAGEN-2) every k updates; 0 = off.", ge=0)
-    mi_prompts: int = F(16, "Distinct prompts N of the MI proxy (its estimate is at most log N).", ge=2)
+    mi_every: int = F(
+        10, "Mutual-information proxy of template collapse (RAGEN-2) every k updates; 0 = off.", ge=0, le=MAX_COUNT
+    )
+    mi_prompts: int = F(16, "Distinct prompts N of the MI proxy (its estimate is at most log N).", ge=2, le=MAX_BATCH)
 
 
 class TrackingConfig(Strict):
     mlflow: bool = F(True, "Log the run to MLflow (local store under results/ unless MLFLOW_TRACKING_URI).")
-    samples: int = F(4, "Episodes per update written to samples.jsonl.", ge=0)
+    samples: int = F(4, "Episodes per update written to samples.jsonl.", ge=0, le=MAX_BATCH)
 
 
 class RunConfig(Strict):
@@ -319,14 +392,25 @@ class RunConfig(Strict):
                 "one token stream per trajectory)"
             )
         check_norm_compatible(a.adv.estimator, a.adv.norm)
-        if self.sft.budget is not None and self.sft.demos * self.sft.demo_cost > self.sft.budget:
-            raise ValueError(
-                f"sft.demos * sft.demo_cost = {self.sft.demos * self.sft.demo_cost:g} exceeds "
-                f"sft.budget = {self.sft.budget}"
-            )
+        self._check_sft_budget()
         if self.rollout.backend == "vllm":
             raise ValueError("rollout.backend 'vllm' is not implemented; use 'hf' (our batched sampler)")
         return self
+
+    def _check_sft_budget(self) -> None:
+        """The SFT/RL split must leave at least one RL update (`harness.rl.trainer.planned_updates`)."""
+        s, r = self.sft, self.rollout
+        if s.budget is None:
+            return
+        sft_cost = s.demos * s.demo_cost
+        per_update = r.tasks_per_update * r.group_size
+        if s.budget - sft_cost < per_update:
+            raise ValueError(
+                f"sft.budget = {s.budget} leaves {max(0.0, s.budget - sft_cost):g} RL episodes after the SFT "
+                f"demonstrations (sft.demos * sft.demo_cost = {s.demos} * {s.demo_cost:g} = {sft_cost:g}), fewer "
+                f"than one RL update (rollout.tasks_per_update * rollout.group_size = {per_update} episodes): "
+                f"raise sft.budget to at least {sft_cost + per_update:g} or lower sft.demos"
+            )
 
 
 def axis_params(cls: type[P], section: BaseModel, **fixed: Any) -> P:

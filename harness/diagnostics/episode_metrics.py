@@ -7,6 +7,21 @@ import statistics
 
 from harness.transcript.records import Episode
 
+# the names `episode_metrics` writes under its prefix (constrained_mass only with constrained decoding)
+EVAL_METRICS = (
+    "success",
+    "return",
+    "turns",
+    "format_error_rate",
+    "truncation_rate",
+    "overflow_rate",
+    "env_error_rate",
+    "action_tokens",
+    "hallucinated_obs_rate",
+    "episodes",
+    "constrained_mass",
+)
+
 
 def _mean(xs) -> float:
     xs = list(xs)

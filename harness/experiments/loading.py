@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +27,7 @@ from pydantic.fields import FieldInfo
 from algorithms import AXES, PRESETS, Registry
 from envs import ENVS
 from envs.registry import env_class
-from harness.config.errors import ConfigError
+from harness.config.errors import ConfigError, warn
 from harness.config.schema import RENAMED_KEYS, RunConfig
 
 MISSING = object()
@@ -56,9 +57,12 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def read_yaml(path: str | Path, what: str = "config") -> Any:
     """Parse a YAML file; a missing file or bad syntax is a ConfigError with line and column."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{what} file {path} is a directory; give the path of a .yaml file.")
     if not path.is_file():
         hint = "" if path.suffix in (".yaml", ".yml") else " (expected a .yaml file)"
-        raise ConfigError(f"{what} file not found: {path}{hint}")
+        shown = f"{path} (resolved: {path.resolve()})" if path.resolve() != path else str(path)
+        raise ConfigError(f"{what} file not found: {shown}{hint}")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -80,7 +84,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r} is not of the form dotted.key=value (e.g. algo.clip.level=sequence)")
+        raise ConfigError(
+            f"-o/--override {text!r} is not of the form dotted.key=value (e.g. -o algo.clip.level=sequence)"
+        )
     try:
         return key, yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
@@ -176,6 +182,12 @@ def show_value(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def kind_of(value: Any) -> str:
+    """What a YAML value is, in words, without echoing it (a file read as YAML may hold anything)."""
+    kinds = {str: "a text", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
 def _suggest(name: Any, choices: list[str]) -> str:
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
@@ -215,7 +227,7 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
         return choice_message(key, value, [str(c) for c in choices])
     if kind == "missing":
         return f"{key} is required."
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    msg = _plain(str(err["msg"]).removeprefix("Value error, "))
     if not loc and not prefix:  # a cross-field check of the whole config
         return msg if msg.endswith(".") else msg + "."
     sub = _model_at(root, loc)
@@ -224,6 +236,13 @@ def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) 
     if sub is not None and kind in ("model_type", "model_attributes_type", "dict_type"):
         msg += f" (a mapping with keys: {', '.join(sub.model_fields)})"
     return f"{key} = {show_value(value)}: {msg}."
+
+
+def _plain(msg: str) -> str:
+    """A pydantic message without the schema's class names ("a valid dictionary or instance of
+    ClipConfig" -> "a valid mapping")."""
+    msg = re.sub(r" or instance of \w+", "", msg)
+    return msg.replace("a valid dictionary", "a valid mapping")
 
 
 def validation_lines(
@@ -260,10 +279,28 @@ def apply_preset(raw: dict, source: str) -> None:
         raise ConfigError(
             f"{source}: " + choice_message("algo.preset", name, [c for c in allowed if c in table or c == "custom"])
         )
+    kept = {}
     for key, value in table[name].items():
         key = key if key.startswith("algo.") else f"algo.{key}"
-        if get_dotted(raw, key) is MISSING:
+        mine = get_dotted(raw, key)
+        if mine is MISSING:
             set_dotted(raw, key, value, source)
+        elif mine != value:
+            kept[key] = (mine, value)
+    if kept:
+        listing = ", ".join(
+            f"{k} = {show_value(mine)} (the preset's: {show_value(v)})" for k, (mine, v) in kept.items()
+        )
+        warn(
+            f"{source_file(source)}: algo.preset {name!r} did not change {len(kept)} key(s) set explicitly, which win "
+            f"over the preset: {listing}. Remove them to get the preset's values.",
+            once_key=("preset", name, tuple((k, repr(m)) for k, (m, _) in kept.items())),
+        )
+
+
+def source_file(source: str) -> str:
+    """The file part of a message source: 'sweep.yaml (point x, seed 0)' -> 'sweep.yaml'."""
+    return source.split(" (", 1)[0]
 
 
 def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | None = None) -> RunConfig:
@@ -303,7 +340,7 @@ def validate_run_config(raw: Any, source: str, origins: Mapping[str, str] | None
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping of config sections ({', '.join(RunConfig.model_fields)}) "
-            f"at the top level, got {type(raw).__name__} {show_value(raw)}"
+            f"at the top level, got {kind_of(raw)}"
         )
     raw = copy.deepcopy(raw)
     apply_preset(raw, source)

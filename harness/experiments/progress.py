@@ -48,7 +48,7 @@ class SweepProgress:
     """Book-keeping shared by both displays; `render` / `_line` differ."""
 
     def __init__(self, console: Console | None = None, plain_every_s: float = 30.0):
-        self.console = console or Console()
+        self.console = console or Console(markup=False, emoji=False, highlight=False)
         self.plain_every_s = plain_every_s
         self.name, self.total, self.done, self.failed, self.diverged, self.workers = "", 0, 0, 0, 0, 1
         self.pending_updates = 0  # updates of points not started yet
@@ -134,7 +134,7 @@ class SweepProgress:
 
     def _say(self, text: str) -> None:
         console = self._live.console if self._live is not None else self.console
-        console.print(text, highlight=False, markup=False, soft_wrap=True)
+        console.print(text, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
     def render(self) -> Group:
         with self._lock:

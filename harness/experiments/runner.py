@@ -45,6 +45,7 @@ from harness.experiments.tracking import (
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
+    config_warnings_recorded,
     ensure_experiment,
     read_jsonl,
 )
@@ -222,7 +223,8 @@ def run_point(
             logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
             logger.log_params(flatten(point.config.model_dump(mode="json")))
             seed_everything(point.config.train.seed)
-            metrics = dict(train(point.config, run_dir, logger, progress) or {})
+            with config_warnings_recorded(run_dir / EVENTS, point.id):
+                metrics = dict(train(point.config, run_dir, logger, progress) or {})
             status = "done"
         except KeyboardInterrupt:
             append_jsonl(run_dir / EVENTS, [{"event": "interrupted", "time": now_iso()}])

@@ -25,27 +25,38 @@ goes through the normal config loader, so an unknown key or an invalid value is 
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from harness.config.errors import ConfigError
+from harness.diagnostics.episode_metrics import EVAL_METRICS
+from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
     apply_overrides,
     error_paragraph,
     flatten,
     iter_config_fields,
+    kind_of,
     read_yaml,
     show_value,
     validate_run_config,
     validation_lines,
 )
 from harness.experiments.provenance import config_hash
-from harness.experiments.sweep import SEED_KEY, Point, point_id, variant_slug
+from harness.experiments.samplers import make_pruner, make_sampler
+from harness.experiments.sweep import SEED_KEY, Point, Seed, point_id, variant_slug
 
 Scalar = None | bool | int | float | str
 
@@ -53,7 +64,7 @@ Scalar = None | bool | int | float | str
 class ParamSpec(BaseModel):
     """One search-space entry (Optuna distributions: FloatDistribution, IntDistribution, Categorical)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["float", "int", "categorical"] = Field(description="Distribution kind.")
     low: float | None = Field(None, description="float / int: lower bound (inclusive).")
@@ -72,7 +83,7 @@ class ObjectiveSpec(BaseModel):
 
 
 class NamedSpec(BaseModel):
-    """`name` plus the keyword arguments of the Optuna class it names."""
+    """`name` plus the keyword arguments of the Optuna class it names; a plain string is the name alone."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -95,13 +106,28 @@ class StudySpec(BaseModel):
     pruner: NamedSpec = Field(
         default_factory=lambda: NamedSpec(name="median"), description="median | successive_halving | none."
     )
-    n_trials: int = Field(10, ge=1, description="Finished (complete + pruned) trials the study aims at.")
-    seeds: list[int] = Field([0], min_length=1, description="Seeds of every trial; the objective is their mean.")
+    n_trials: int = Field(10, ge=1, le=1_000_000, description="Finished (complete + pruned) trials the study aims at.")
+    seeds: list[Seed] = Field([0], min_length=1, description="Seeds of every trial; the objective is their mean.")
     heartbeat_s: int = Field(
         30,
         ge=1,
+        le=86_400,
         description="Optuna heartbeat: a trial silent for 2x this is stale (its worker died) and is queued again.",
     )
+
+    _base_kind = field_validator("base", mode="before")(check_base_kind)
+
+    @field_validator("sampler", "pruner", mode="before")
+    @classmethod
+    def _plain_name(cls, value: Any, info: ValidationInfo) -> Any:
+        """`sampler: random` is `sampler: {name: random}`."""
+        if isinstance(value, str):
+            return {"name": value}
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{info.field_name} must be a name or a mapping with `name` and options, not {kind_of(value)}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _distinct_seeds(self) -> StudySpec:
@@ -137,21 +163,18 @@ class TuneStudy:
 
 
 # ----------------------------------------------------------------------------- loading and checks
-SAMPLERS = ("tpe", "random")
-PRUNERS = ("median", "successive_halving", "none")
-
-
 def _base(spec: StudySpec, path: Path) -> dict:
-    if isinstance(spec.base, str):
-        base_path = path.parent / spec.base
-        raw, source = read_yaml(base_path, what=f"base config (from {path})"), str(base_path)
-    else:
-        raw, source = spec.base, f"{path} (base)"
-    validate_run_config(raw, source)  # a broken base is reported against its own file
-    if spec.overrides:
-        raw = apply_overrides(raw or {}, flatten(spec.overrides), f"{path} (overrides)")
-        validate_run_config(raw, f"{path} (overrides)", {k: "the study's overrides" for k in flatten(spec.overrides)})
-    return raw or {}
+    raw = load_base(spec.base, path, "study")
+    overrides = flatten(spec.overrides)
+    if SEED_KEY in overrides:
+        raise ConfigError(
+            f"{path}: overrides.{SEED_KEY} = {show_value(overrides[SEED_KEY])}: a study's seeds come from "
+            f"its `seeds:` list; write seeds: [{overrides[SEED_KEY]}] instead."
+        )
+    if overrides:
+        raw = apply_overrides(raw, overrides, f"{path} (overrides)")
+        validate_run_config(raw, f"{path} (overrides)", {k: "the study's overrides" for k in overrides})
+    return raw
 
 
 def load_study(path: str | Path) -> TuneStudy:
@@ -161,7 +184,7 @@ def load_study(path: str | Path) -> TuneStudy:
     raw = read_yaml(path, what="study")
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{path}: a study file is a mapping with keys {', '.join(StudySpec.model_fields)}; got {type(raw).__name__}"
+            f"{path}: a study file is a mapping with keys {', '.join(StudySpec.model_fields)}; got {kind_of(raw)}"
         )
     try:
         spec = StudySpec.model_validate(raw)
@@ -169,11 +192,29 @@ def load_study(path: str | Path) -> TuneStudy:
         raise ConfigError(error_paragraph(str(path), validation_lines(e, StudySpec))) from None
     study = TuneStudy(spec, path, _base(spec, path))
     problems = [p for key, param in spec.space.items() for p in _param_problems(study, key, param)]
+    problems += _objective_problems(spec.objective)
     if problems:
         raise ConfigError(error_paragraph(str(path), problems))
     make_sampler(study)
     make_pruner(study)
     return study
+
+
+def objective_metrics() -> list[str]:
+    """The held-out evaluation metrics the trainer writes to metrics.jsonl (and reports to pruners)."""
+    return [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS]
+
+
+def _objective_problems(objective: ObjectiveSpec) -> list[str]:
+    names = objective_metrics()
+    if objective.metric in names:
+        return []
+    near = difflib.get_close_matches(objective.metric, names, n=1, cutoff=0.6)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    return [
+        f"objective.metric = {show_value(objective.metric)} is not a metric of the held-out evaluation.{hint} "
+        f"Choose one of: {', '.join(names)}."
+    ]
 
 
 def _schema_fields() -> dict[str, Any]:
@@ -246,72 +287,6 @@ def suggest(trial: Any, space: dict[str, ParamSpec]) -> dict[str, Any]:
         else:
             out[key] = trial.suggest_float(key, p.low, p.high, step=p.step, log=p.log)
     return out
-
-
-# ----------------------------------------------------------------------------- sampler / pruner
-def _construct(cls: type, options: dict[str, Any], where: str, src: Path, build: Any = None) -> Any:
-    """cls(**options) (or build(**options)), with options checked against cls's signature."""
-    params = [n for n in inspect.signature(cls).parameters if n != "self"]
-    unknown = [k for k in options if k not in params]
-    if unknown:
-        raise ConfigError(
-            f"{src}: {where}: unknown option {unknown[0]!r} for {cls.__name__}; valid options: {', '.join(params)}."
-        )
-    try:
-        return (build or cls)(**options)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{src}: {where}: {cls.__name__}({show_value(options)}) is invalid: {e}") from None
-
-
-def _reseeded(cls: type) -> type:
-    """The sampler seeded afresh for every trial from (seed, trial number): parallel workers draw
-    different values, and a resumed study draws what an uninterrupted one would."""
-
-    class PerTrialSeed(cls):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
-            super().__init__(*args, seed=seed, **kwargs)
-            self._harness_seed = seed
-
-        def before_trial(self, study: Any, trial: Any) -> None:
-            if self._harness_seed is not None:
-                seed = (int(self._harness_seed) * 1_000_003 + trial.number) % 2**32
-                for sampler in (self, getattr(self, "_random_sampler", None)):
-                    rng = getattr(sampler, "_rng", None)  # optuna's LazyRandomState
-                    if rng is not None and hasattr(rng, "rng"):
-                        rng.rng.seed(seed)
-            super().before_trial(study, trial)
-
-    PerTrialSeed.__name__ = cls.__name__
-    return PerTrialSeed
-
-
-def make_sampler(study: TuneStudy) -> Any:
-    import optuna
-
-    s = study.spec.sampler
-    classes = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
-    if s.name not in classes:
-        raise ConfigError(
-            f"{study.path}: sampler.name = {s.name!r} is not a valid choice; choose one of: {', '.join(SAMPLERS)}."
-        )
-    cls = classes[s.name]
-    return _construct(cls, {"seed": 0, **s.options()}, "sampler", study.path, build=_reseeded(cls))
-
-
-def make_pruner(study: TuneStudy) -> Any:
-    import optuna
-
-    p = study.spec.pruner
-    classes = {
-        "median": optuna.pruners.MedianPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "none": optuna.pruners.NopPruner,
-    }
-    if p.name not in classes:
-        raise ConfigError(
-            f"{study.path}: pruner.name = {p.name!r} is not a valid choice; choose one of: {', '.join(PRUNERS)}."
-        )
-    return _construct(classes[p.name], p.options(), "pruner", study.path)
 
 
 # ----------------------------------------------------------------------------- objective values

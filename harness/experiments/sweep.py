@@ -27,18 +27,21 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.config.errors import ConfigError
-from harness.config.schema import RunConfig
+from harness.config.errors import ConfigError, warn
+from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
+from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
     apply_overrides,
     covers,
     error_paragraph,
     flatten,
     get_dotted,
+    kind_of,
+    parse_override,
     read_yaml,
     show_value,
     validate_run_config,
@@ -48,6 +51,7 @@ from harness.experiments.provenance import config_hash
 
 SEED_KEY = "train.seed"
 SLUG_MAX = 64
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 
 
 class SweepSpec(BaseModel):
@@ -69,8 +73,17 @@ class SweepSpec(BaseModel):
     points: list[dict[str, Any]] = Field(
         default_factory=list, description="Explicit override mappings, each with an optional label."
     )
-    seeds: list[int] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
+    seeds: list[Seed] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
     baseline: dict[str, Any] | str | None = Field(None, description="Reference variant: a label or overrides.")
+
+    _base_kind = field_validator("base", mode="before")(check_base_kind)
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _baseline_kind(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, (str, dict)):
+            raise ValueError(f"must be the label of a point or a mapping of its overrides, not {kind_of(value)}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -175,23 +188,12 @@ def _read_spec(path: Path) -> SweepSpec:
     raw = read_yaml(path, what="sweep")
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; got {type(raw).__name__}"
+            f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; got {kind_of(raw)}"
         )
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(error_paragraph(str(path), validation_lines(e, SweepSpec))) from None
-
-
-def _base(spec: SweepSpec, path: Path) -> dict:
-    if isinstance(spec.base, str):
-        base_path = path.parent / spec.base
-        raw = read_yaml(base_path, what=f"base config (from {path})")
-        source = str(base_path)
-    else:
-        raw, source = spec.base, f"{path} (base)"
-    validate_run_config(raw, source)  # a broken base is reported against its own file
-    return raw or {}
 
 
 def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any], str]]:
@@ -289,6 +291,41 @@ def _check_isolation(src: str, baseline: str, first_seed: dict[str, RunConfig], 
                 )
 
 
+def _seeds(spec: SweepSpec, src: str, given: list[int] | None) -> list[int]:
+    """The seeds to run: `given` (--seeds) or the file's; warns when neither names any."""
+    if given is not None:
+        bad = [s for s in given if not SEED_MIN <= s <= SEED_MAX]
+        if bad:
+            raise ConfigError(
+                f"{src}: --seeds {','.join(map(str, given))}: seed {bad[0]} is out of range; a seed is a whole "
+                f"number from {SEED_MIN} to {SEED_MAX}."
+            )
+    elif "seeds" not in spec.model_fields_set:
+        warn(
+            f"{src}: no `seeds:` list, so every point runs once, with seed 0; add e.g. `seeds: [0, 1, 2]` "
+            f"(or pass --seeds 0,1,2) to measure the spread over seeds."
+        )
+    seeds = list(spec.seeds if given is None else given)
+    if len(set(seeds)) != len(seeds) or not seeds:
+        origin = "--seeds" if given is not None else "seeds"
+        raise ConfigError(f"{src}: {origin} {seeds} are empty or contain duplicates.")
+    return seeds
+
+
+def _with_base_overrides(base: dict, src: str, base_overrides: list[str] | tuple[str, ...]) -> dict:
+    """The base config with the command line's -o KEY=VALUE applied (never the seed)."""
+    parsed = dict(parse_override(o) for o in base_overrides)
+    if SEED_KEY in parsed:
+        raise ConfigError(
+            f"{src}: -o {SEED_KEY}={parsed[SEED_KEY]}: a sweep's seeds come from its `seeds:` list or "
+            f"--seeds; use --seeds {parsed[SEED_KEY]} instead."
+        )
+    base = apply_overrides(base, parsed, f"{src} (--override)")
+    origins = {k: f"-o {k}={show_value(v)}" for k, v in parsed.items()}
+    validate_run_config(base, f"{src} (base with --override {' '.join(base_overrides)})", origins)
+    return base
+
+
 def load_sweep(
     path: str | Path, base_overrides: list[str] | tuple[str, ...] = (), seeds: list[int] | None = None
 ) -> Sweep:
@@ -298,20 +335,13 @@ def load_sweep(
     point's own overrides), e.g. a short smoke run of a whole sweep with `train.updates=1`; they
     change the config hash, so such points never mix with the full ones. seeds: replace the
     file's seeds."""
-    from harness.experiments.loading import parse_override
-
     path = Path(path)
     spec = _read_spec(path)
     src = str(path)
-    if seeds is not None:
-        spec = spec.model_copy(update={"seeds": list(seeds)})
-    if len(set(spec.seeds)) != len(spec.seeds) or not spec.seeds:
-        raise ConfigError(f"{src}: seeds {spec.seeds} are empty or contain duplicates.")
-    base = _base(spec, path)
+    spec = spec.model_copy(update={"seeds": _seeds(spec, src, seeds)})
+    base = load_base(spec.base, path, "sweep")
     if base_overrides:
-        parsed = dict(parse_override(o) for o in base_overrides)
-        base = apply_overrides(base, parsed, f"{src} (--override)")
-        validate_run_config(base, f"{src} (base with --override {' '.join(base_overrides)})")
+        base = _with_base_overrides(base, src, base_overrides)
     variants = _variants(spec, src)
     axes = declared_axes(spec, variants)
     points: list[Point] = []
@@ -345,7 +375,7 @@ def load_sweep(
 
 def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:
     """`harness run CONFIG -o k=v`: a one-point sweep named after the config file."""
-    from harness.experiments.loading import load_run_config, parse_override
+    from harness.experiments.loading import load_run_config
 
     cfg = load_run_config(config_path, overrides)
     parsed = {k: v for k, v in (parse_override(o) for o in overrides) if k != SEED_KEY}

@@ -21,9 +21,14 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness.config.errors import ConfigWarning
 
 METRICS, SAMPLES, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "mlflow_run_id"
 EVAL_TASKS = "eval_tasks.jsonl"  # one row per evaluated episode (paired analysis)
@@ -77,6 +82,27 @@ def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+@contextmanager
+def config_warnings_recorded(events: Path, point_id: str) -> Iterator[None]:
+    """ConfigWarnings issued inside (the trainer's, e.g. a turn budget the expert cannot finish in)
+    go to stderr and to the point's events.jsonl as {"event": "warning"} rows; other warnings are
+    shown as usual."""
+    previous = warnings.showwarning
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not issubclass(category, ConfigWarning):
+            previous(message, category, filename, lineno, file, line)
+            return
+        print(f"warning: {point_id}: {message}", file=sys.stderr, flush=True)
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        append_jsonl(events, [{"event": "warning", "time": stamp, "message": str(message)}])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ConfigWarning)
+        warnings.showwarning = show
+        yield
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -30,7 +30,8 @@ from optuna.trial import TrialState
 
 from harness.config.errors import ConfigError, UnavailableError
 from harness.experiments.runner import RunOptions, point_dir, read_status, run_point
-from harness.experiments.study import TuneStudy, make_pruner, make_sampler, objective_value, suggest
+from harness.experiments.samplers import make_pruner, make_sampler
+from harness.experiments.study import TuneStudy, objective_value, suggest
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import ensure_experiment, read_jsonl
 

@@ -7,7 +7,9 @@ on a model; `chat_format` checks that the tokenizer speaks ChatML.
 
 from __future__ import annotations
 
+import difflib
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -15,6 +17,8 @@ from torch import nn
 from harness.config.errors import ConfigError
 from harness.transcript.chat import ChatFormat
 
+# module types PEFT LoRA can wrap (and transformers' GPT-2 style Conv1D, matched by name)
+LORA_MODULE_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -24,6 +28,46 @@ class ModelError(ConfigError):
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+FIX_HINT = (
+    "Give a local folder holding a Hugging Face causal LM (config.json + weights + tokenizer), a Hugging "
+    "Face id already in the local cache, or 'tiny' to build a small model here."
+)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def model_source_problem(name: str) -> str | None:
+    """Why `model.name` cannot be loaded, when that is known without loading it (None: no problem
+    found): a path that does not exist or holds no config.json, a malformed hub id, or, with
+    HF_HUB_OFFLINE set, a hub id missing from the local hub cache."""
+    if name == "tiny":
+        return None
+    path = Path(name).expanduser()
+    if path.exists() or _looks_like_path(name):
+        shown = f"{name!r} ({path.resolve()})" if str(path.resolve()) != name else repr(name)
+        if not path.exists():
+            return f"{shown} is not an existing directory. {FIX_HINT}"
+        if not path.is_dir() or not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+            return f"{shown} is not a folder holding a model's config.json. {FIX_HINT}"
+        return None
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return f"{name!r} is neither an existing folder nor a valid Hugging Face id (org/name). {FIX_HINT}"
+    if _offline() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return (
+            f"{name!r} is not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so only that cache "
+            f"is searched. Download it on a machine with hub access (`huggingface-cli download {name}`) and "
+            f"copy the cache here, or use model.name: tiny."
+        )
+    return None
 
 
 def load_pretrained(source: str, dtype: torch.dtype):
@@ -62,9 +106,28 @@ def chat_format(tok, source: str) -> ChatFormat:
         ) from None
 
 
+def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
+    """ModelError unless every LoRA target names a linear or embedding module of `model` (PEFT
+    matches a target against the end of a module's dotted name)."""
+    names = [
+        n for n, m in model.named_modules() if n and (isinstance(m, LORA_MODULE_TYPES) or type(m).__name__ == "Conv1D")
+    ]
+    leaves = sorted({n.rpartition(".")[2] for n in names})
+    for target in targets:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            close = difflib.get_close_matches(target.rpartition(".")[2], leaves, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ModelError(
+                f"model.lora.target_modules: {target!r} matches no linear or embedding module of the model "
+                f"({type(model).__name__}).{hint} Its modules: {', '.join(leaves)}."
+            )
+
+
 def wrap_lora(model: nn.Module, lora, seed: int) -> nn.Module:
     """PEFT LoRA on `model` (config.LoraConfig `lora`); A matrices drawn from `seed`, B = 0."""
     from peft import LoraConfig, get_peft_model
+
+    check_lora_targets(model, list(lora.target_modules))
 
     conf = LoraConfig(
         r=lora.r,

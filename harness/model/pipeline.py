@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from harness.config.schema import RunConfig
-from harness.model.base import ModelError
+from harness.model.base import ModelError, model_source_problem
 from harness.model.cache import read_record
 from harness.model.policy import Policy, attach_adapter
 from harness.model.sft import sft_warmup
@@ -30,15 +30,12 @@ def base_model(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
         entry, built = tiny_base(cfg, cache_dir)
         rec = read_record(entry)
         return str(entry.resolve()), {"base": f"tiny:{entry.name}", "base_built": built, "base_info": rec["info"]}
+    problem = model_source_problem(name)
+    if problem:
+        raise ModelError(f"model.name: {problem}")
     path = Path(name).expanduser()
     if path.exists():
         return str(path.resolve()), {"base": str(path.resolve())}
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise ModelError(
-            f"model.name: {name!r} is not an existing directory. Give a local folder holding a "
-            f"Hugging Face causal LM (config.json + weights + tokenizer), a Hugging Face id "
-            f"already in the local cache, or 'tiny' to build a small model here."
-        )
     return name, {"base": name}
 
 

@@ -34,6 +34,7 @@ from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
+from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import collect, turn_budget_at
 from harness.rl.seeding import seed_everything
 from harness.rl.update import make_optimizer, run_update
@@ -79,6 +80,7 @@ class Trainer:
             else None
         )
         self.heldout = ENVS.get(cfg.env.name).task_seeds("heldout", cfg.env.heldout_tasks, cfg.env.options)
+        check_fits_env(cfg, self.policy.chat, self.heldout)  # before any rollout
         self.optimizer = make_optimizer(self.policy, cfg)
         self.updates = planned_updates(cfg)
         self.best = {"update": 0, "success": -1.0}
