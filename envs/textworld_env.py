@@ -175,6 +175,14 @@ class TextWorld(TextGameEnv):
             self._env.close()
         self._env, self._path, self._state = None, None, None
 
+    def game_dir_seeds(self) -> list[int]:
+        """One task seed per game of `game_dir` (both splits: even seeds train, odd held out)."""
+        if self._splits is None:
+            raise ValueError("game_dir_seeds needs the env option game_dir")
+        return [2 * k for k in range(len(self._splits["train"]))] + [
+            2 * k + 1 for k in range(len(self._splits["heldout"]))
+        ]
+
     def game_file(self, seed: int) -> Path:
         if self._splits is not None:
             return pick_file(self._splits, seed, f"game_dir {self.options.game_dir!r}")

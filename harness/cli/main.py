@@ -348,9 +348,10 @@ def config_docs() -> None:
 # the command groups that live in their own modules (imported after `app` exists)
 from harness.cli import analysis as _analysis  # noqa: E402
 from harness.cli import bench as _bench  # noqa: E402
+from harness.cli import eval as _eval  # noqa: E402
 from harness.cli import tune as _tune  # noqa: E402
 
-for _group in (_analysis, _tune, _bench):
+for _group in (_analysis, _eval, _tune, _bench):
     _group.register(app)
 
 

@@ -4,7 +4,7 @@ Every point of a sweep plays the same held-out tasks, and sampled episode k of t
 tokens from its own random stream, seeded by (j, k) only: not by the training seed, the update
 or the rest of the batch. Differences between points, seeds and updates are therefore paired by
 (task, sample): greedy episodes exactly (deterministic decoding), sampled ones through common
-random numbers (docs/algorithms.md section 9; REFERENCE's paired design).
+random numbers (docs/algorithms.md section 9).
 
 `plan(heldout, episodes)` lays the evaluation out: `episodes` sampled episodes cycle through the
 held-out tasks (sample index k = i // len(heldout)); greedy decoding plays each distinct task once.
@@ -45,14 +45,29 @@ def episode_stream(task: int, sample: int) -> torch.Generator:
 
 def task_row(update: int, mode: str, sample: int, ep: Episode) -> dict:
     """One row of eval_tasks.jsonl."""
-    return {"update": int(update), "mode": mode, "task": int(ep.task_seed), "sample": int(sample),
-            "success": int(ep.won), "return": float(ep.outcome), "turns": int(ep.num_turns)}  # fmt: skip
+    return {
+        "update": int(update),
+        "mode": mode,
+        "task": int(ep.task_seed),
+        "sample": int(sample),
+        "success": int(ep.won),
+        "return": float(ep.outcome),
+        "turns": int(ep.num_turns),
+    }
 
 
 def evaluate(
-    policy, cfg: RunConfig, venv: Callable[[int], object], eval_plan: EvalPlan, *, update: int, budget: int,
-    instructions: str, markers: tuple[str, ...] = (), modes: tuple[str, ...] = ("greedy", "sampled"),
-) -> tuple[dict[str, float], list[dict]]:  # fmt: skip
+    policy,
+    cfg: RunConfig,
+    venv: Callable[[int], object],
+    eval_plan: EvalPlan,
+    *,
+    update: int,
+    budget: int,
+    instructions: str,
+    markers: tuple[str, ...] = (),
+    modes: tuple[str, ...] = ("greedy", "sampled"),
+) -> tuple[dict[str, float], list[dict]]:
     """Play the plan greedily and sampled; return (eval_greedy/... and eval_sampled/... metrics,
     one row per episode). `venv(n)` gives a vector env of n instances."""
     metrics: dict[str, float] = {}
@@ -61,9 +76,16 @@ def evaluate(
         tasks = [(t, 0) for t in eval_plan.greedy] if mode == "greedy" else eval_plan.sampled
         streams = [episode_stream(t, k) for t, k in tasks]
         eps = collect(
-            policy.model, policy.chat, venv(len(tasks)), [(t, i) for i, (t, _) in enumerate(tasks)], cfg,
-            turn_budget=budget, greedy=mode == "greedy", generator=streams, instructions=instructions,
-        )  # fmt: skip
+            policy.model,
+            policy.chat,
+            venv(len(tasks)),
+            [(t, i) for i, (t, _) in enumerate(tasks)],
+            cfg,
+            turn_budget=budget,
+            greedy=mode == "greedy",
+            generator=streams,
+            instructions=instructions,
+        )
         metrics.update(episode_metrics(eps, f"eval_{mode}", markers))
         rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
     return metrics, rows

@@ -72,9 +72,17 @@ LAYOUTS = ("concatenated", "per-step")
 
 def combo(clip, agg, estimator, norm, filt, kl, critic, layout, mask, constrain) -> dict:
     return {
-        "clip": clip, "agg": agg, "estimator": estimator, "norm": norm, "filter": filt, "kl": kl,
-        "critic": critic, "layout": layout, "mask": mask, "constrain": constrain,
-    }  # fmt: skip
+        "clip": clip,
+        "agg": agg,
+        "estimator": estimator,
+        "norm": norm,
+        "filter": filt,
+        "kl": kl,
+        "critic": critic,
+        "layout": layout,
+        "mask": mask,
+        "constrain": constrain,
+    }
 
 
 def loss_side() -> list[dict]:
@@ -109,9 +117,19 @@ SAMPLE = random.Random(0).sample(ALL, 14)
 def combo_id(c: dict) -> str:
     clip = c["clip"]["level"] + ("+mask" if c["clip"]["seq_mask"] else "")
     return "-".join(
-        [clip, c["agg"], c["estimator"], c["norm"], c["filter"], "/".join(c["kl"]), "critic" * c["critic"],
-         c["layout"], "maskon" if c["mask"] else "maskoff", "constr" * c["constrain"]]
-    )  # fmt: skip
+        [
+            clip,
+            c["agg"],
+            c["estimator"],
+            c["norm"],
+            c["filter"],
+            "/".join(c["kl"]),
+            "critic" * c["critic"],
+            c["layout"],
+            "maskon" if c["mask"] else "maskoff",
+            "constr" * c["constrain"],
+        ]
+    )
 
 
 def raw_config(c: dict) -> dict:
@@ -146,9 +164,12 @@ class Env:
             t = self.trainers[key]
             t.initial = {n: p.detach().clone() for n, p in t.policy.model.named_parameters() if p.requires_grad}
             self.episodes[key] = t._rollout(
-                t._train_tasks(1, 0), cfg.rollout.group_size, greedy=False, budget=cfg.turns.max,
+                t._train_tasks(1, 0),
+                cfg.rollout.group_size,
+                greedy=False,
+                budget=cfg.turns.max,
                 generator=torch.Generator().manual_seed(7),
-            )  # fmt: skip
+            )
         t = self.trainers[key]
         with torch.no_grad():
             for n, p in t.policy.model.named_parameters():
@@ -163,9 +184,10 @@ class Env:
         f = cfg.algo.filter
         try:
             res = GROUP_FILTER.get(f.name)(
-                torch.tensor([e.outcome for e in eps]), torch.tensor([e.group for e in eps]),
+                torch.tensor([e.outcome for e in eps]),
+                torch.tensor([e.group for e in eps]),
                 axis_params(FilterParams, f),
-            )  # fmt: skip
+            )
         except EmptyBatchError:
             return None
         kept = [e for e, k in zip(eps, res.keep.tolist()) if k]
@@ -254,9 +276,11 @@ def test_every_combination(env, c):
 
 def test_the_lists_cover_every_value_of_every_axis():
     for key, names in (
-        ("estimator", ADVANTAGE.names()), ("norm", ADV_NORM.names()), ("filter", GROUP_FILTER.names()),
+        ("estimator", ADVANTAGE.names()),
+        ("norm", ADV_NORM.names()),
+        ("filter", GROUP_FILTER.names()),
         ("agg", AGGREGATION.names()),
-    ):  # fmt: skip
+    ):
         assert {c[key] for c in ALL} == set(names), key
     assert {c["kl"][0] for c in ALL} == set(KL_ESTIMATOR.names())
     assert {(c["clip"]["level"], c["clip"]["seq_mask"]) for c in ALL} == {(x["level"], x["seq_mask"]) for x in CLIP}

@@ -22,9 +22,16 @@ from tests.harness.test_invariance import BASE, Env, _perturb, raw_config
 
 GRPO = {
     "clip": {"level": "token", "seq_mask": False, "eps_low": 0.2, "eps_high": 0.2, "seq_mask_delta": 0.223},
-    "agg": "token-mean", "estimator": "grpo", "norm": "group", "filter": "none", "kl": ("k3", "loss"),
-    "critic": False, "layout": "concatenated", "mask": True, "constrain": False,
-}  # fmt: skip
+    "agg": "token-mean",
+    "estimator": "grpo",
+    "norm": "group",
+    "filter": "none",
+    "kl": ("k3", "loss"),
+    "critic": False,
+    "layout": "concatenated",
+    "mask": True,
+    "constrain": False,
+}
 
 
 def cfg_of(**over) -> RunConfig:
@@ -87,11 +94,21 @@ def test_sampo_mask_renormalises_the_policy_loss_and_keeps_kl_on_every_token(env
     den = Denominators(loss=counts, policy=global_counts(keep), value=counts)
     t.policy.model.eval()
     out = loss_terms(t.policy, mb, adv[:, :T], fwd.old_logp[:, :T], fwd.ref_logp[:, :T], None, None, cfg, den, keep)
-    plain = loss_terms(t.policy, mb, adv[:, :T], fwd.old_logp[:, :T], fwd.ref_logp[:, :T], None, None, cfg,
-                       Denominators(counts, counts, counts))  # fmt: skip
+    plain = loss_terms(
+        t.policy,
+        mb,
+        adv[:, :T],
+        fwd.old_logp[:, :T],
+        fwd.ref_logp[:, :T],
+        None,
+        None,
+        cfg,
+        Denominators(counts, counts, counts),
+    )
     logp, _ = token_logprobs(t.policy.model, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature)
-    pl, _ = POLICY_LOSS.get("sequence")(logp, fwd.old_logp[:, :T], adv[:, :T], keep, mb.action_id, mb.traj_id,
-                                        ClipParams(eps_low=0.2, eps_high=0.2))  # fmt: skip
+    pl, _ = POLICY_LOSS.get("sequence")(
+        logp, fwd.old_logp[:, :T], adv[:, :T], keep, mb.action_id, mb.traj_id, ClipParams(eps_low=0.2, eps_high=0.2)
+    )
     assert torch.allclose(out.terms["loss/policy"], (pl * keep).sum() / keep.sum(), atol=1e-6)  # kept tokens only
     assert torch.allclose(out.terms["loss/kl"], plain.terms["loss/kl"])  # KL still over every token
 
@@ -107,8 +124,9 @@ def test_entropy_diagnostic_does_not_depend_on_the_aggregation(env):
     assert len(set(values)) == 1, values
     # ... and it is the plain mean of the full-vocabulary entropy over action tokens
     env.trainer(cfg)  # the weights the update started from
-    _, ent = token_logprobs(t.policy.model, batch.input_ids, batch.attention_mask,
-                            temperature=cfg.rollout.temperature, with_entropy=True)  # fmt: skip
+    _, ent = token_logprobs(
+        t.policy.model, batch.input_ids, batch.attention_mask, temperature=cfg.rollout.temperature, with_entropy=True
+    )
     assert abs(values[0] - masked_mean(ent, batch.action_mask).item()) < 1e-5
 
 
@@ -172,6 +190,12 @@ def test_alfworld_reports_its_task_types():
 def test_build_batch_keeps_the_ids_it_is_given():
     from tests.harness.test_batch import PAD, _episode
 
-    b = build_batch([_episode(), _episode(group=1)], concatenated=True, mask_observations=True, pad_id=PAD,
-                    task_ids=[5, 9], env_ids=[2, 2])  # fmt: skip
+    b = build_batch(
+        [_episode(), _episode(group=1)],
+        concatenated=True,
+        mask_observations=True,
+        pad_id=PAD,
+        task_ids=[5, 9],
+        env_ids=[2, 2],
+    )
     assert b.task.tolist() == [5, 9] and b.env.tolist() == [2, 2]

@@ -1,0 +1,82 @@
+"""The model side of `harness eval`: a point's policy, its environments, and chunks of episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from envs.vector import VectorEnv
+from harness.config.schema import RunConfig
+from harness.model.cache import cache_dir
+from harness.model.pipeline import attach_adapter, base_model, sft_warmup
+from harness.rl import evaluate as evaluation
+from harness.rl.rollout import turn_budget_at
+
+
+class PolicyEvaluator:
+    """Builds the point's policy once; `play(tasks, samples, done)` evaluates a chunk of tasks."""
+
+    def __init__(self, point: Path, cfg: RunConfig, checkpoint: str, device: str):
+        from envs import make_env
+
+        self.cfg = cfg
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        source, info = base_model(cfg, cache_dir())
+        source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
+        if checkpoint == "adapter" and cfg.model.finetune == "full":  # the trained weights are the whole model
+            source = str(point / "adapter")
+        self.policy = attach_adapter(cfg, source, info, self.device)
+        if checkpoint == "adapter" and cfg.model.finetune == "lora":
+            from peft import set_peft_model_state_dict
+            from peft.utils.save_and_load import load_peft_weights
+
+            set_peft_model_state_dict(self.policy.model, load_peft_weights(str(point / "adapter"), device=self.device))
+        self.policy.model.eval()
+        env = make_env(cfg.env.name, cfg.env.options)
+        self.instructions, self.markers = env.instructions, type(env).observation_markers
+        env.close()
+        self.budget = turn_budget_at(max(cfg.train.updates - 1, 0), cfg.turns)  # the last update's budget
+        self._venvs: dict[int, VectorEnv] = {}
+
+    def _venv(self, n: int) -> VectorEnv:
+        if n not in self._venvs:
+            c = self.cfg.env
+            self._venvs[n] = VectorEnv(
+                c.name,
+                c.options,
+                reward_density=c.reward_density,
+                format_penalty=c.format_penalty,
+                n=n,
+                workers=c.workers,
+            )
+        return self._venvs[n]
+
+    def play(self, tasks: list[int], samples: int, done: set) -> list[dict]:
+        """Rows of every episode of `tasks` not in `done` ((mode, task, sample) triples)."""
+        rows = []
+        for mode, todo in (
+            ("greedy", [(t, 0) for t in tasks if ("greedy", t, 0) not in done]),
+            ("sampled", [(t, k) for t in tasks for k in range(samples) if ("sampled", t, k) not in done]),
+        ):
+            if todo:
+                plan = evaluation.EvalPlan(greedy=[t for t, _ in todo], sampled=todo)
+                rows += evaluation.evaluate(
+                    self.policy,
+                    self.cfg,
+                    self._venv,
+                    plan,
+                    update=-1,
+                    budget=self.budget,
+                    instructions=self.instructions,
+                    markers=self.markers,
+                    modes=(mode,),
+                )[1]
+        return rows
+
+    def __enter__(self) -> PolicyEvaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for venv in self._venvs.values():
+            venv.close()
