@@ -120,7 +120,8 @@ def summary_lines(results: pd.DataFrame, block: Block, scores: Scores | None, st
     lines = []
     if GAIN in block.columns or DELTA in block.columns:
         pw, source = power(block, n, m)
-        design = f"{n} seeds x {m} tasks" if scores is not None and scores.per_task else f"{n} seeds (seed-level values)"
+        per_task = scores is not None and scores.per_task
+        design = f"{n} seeds x {m} tasks" if per_task else f"{n} seeds (seed-level values)"
         if pw is None:
             lines.append(f"Minimum detectable effect (80% power): not available for {design}: {source}.")
         else:
