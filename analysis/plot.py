@@ -229,7 +229,11 @@ def _details(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -> str
 def _title(family: Family, curves, results, n_collapse: int) -> str:
     meta = results.attrs["sweep"]
     seeds = int(results.groupby("label")["point"].count().max()) if len(results) else 0
-    what = f"Lines: mean over {seeds} seed{'s' if seeds != 1 else ''}; bands: 95% bootstrap CI over seeds"
+    what = (
+        f"Lines: mean over {seeds} seeds; bands: 95% bootstrap CI over seeds"
+        if seeds > 1
+        else "Lines: 1 seed (no CI band)"
+    )
     marks = f"; dotted verticals: collapse detected ({n_collapse} runs)" if n_collapse else ""
     return f"{meta.name}: {family.title} ({_details(family, curves, results)}). {what}{marks}."
 
@@ -266,7 +270,12 @@ def family_figure(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -
         ax.set_visible(False)
     labels = [lab for lab in styles if lab in drawn]
     meta = results.attrs["sweep"]
-    legend_title = short_axis_names(meta.axes)[meta.axes[0]] if len(meta.axes) == 1 else None
+    by_value = (
+        all(lab.split(" [")[0] == str(v) for lab, v in zip(results["label"], results[meta.axes[0]]))
+        if len(meta.axes) == 1
+        else False
+    )  # the labels are the axis values: the legend's title names the axis
+    legend_title = short_axis_names(meta.axes)[meta.axes[0]] if by_value else None
     n_collapse = len(collapses) if family.name == "diagnostics" else 0
     title = _title(fam, curves, results, n_collapse)
     return finish(fig, axes, [_handle(styles[lab]) for lab in labels], labels, title, legend_title)

@@ -27,7 +27,7 @@ def _counts(rows: pd.DataFrame) -> tuple[int, str]:
     return done, ", ".join(f"{counts[s]} {s}" for s in order)
 
 
-def _status_line(results: pd.DataFrame) -> str:
+def status_line(results: pd.DataFrame) -> str:
     """How many of the sweep's points finished; points of other base configs are counted apart."""
     own = results[results["config_group"] == ""]
     done, parts = _counts(own)
@@ -64,7 +64,7 @@ def _sections(
         else []
     )
     return [
-        ("Status", _status_line(results), [], []),
+        ("Status", status_line(results), [], []),
         ("Table", table_text, [], []),
         ("Figures", figures if isinstance(figures, str) else "", [], images),
         (

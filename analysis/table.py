@@ -359,7 +359,8 @@ def check_metrics(wanted: list[str], known: list[str], where: Path) -> None:
             continue
         close = difflib.get_close_matches(m, known, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        examples = ", ".join(k for k in known if k.startswith("final/"))[:400] or "none"
+        finals = [k for k in known if k.startswith("final/")]
+        examples = ", ".join(finals[:12]) + (f" and {len(finals) - 12} more" if len(finals) > 12 else "") or "none"
         raise AnalysisError(
             f"metric {m!r} (--metric) is not recorded by any point of {where}; {hint}Summary metrics are "
             f"final/<m>, best/<m>, init/<m> of a metric in metrics.jsonl, or collapsed_at; this sweep has: {examples}."
