@@ -44,6 +44,7 @@ def latex_escape(s: str) -> str:
         "×": r"$\times$",
         "σ": r"$\sigma$",
         "≈": r"$\approx$",
+        "α": r"$\alpha$",
     }
     return "".join(repl.get(ch, ch) for ch in s)
 

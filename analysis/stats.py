@@ -25,6 +25,7 @@ Definitions (all deterministic: a fixed-seed numpy Generator, percentile interva
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,14 +164,36 @@ def _counts(idx: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(flat, minlength=rows * size).reshape(rows, size).astype(float)
 
 
-def _grid_stat(y: np.ndarray, seeds: np.ndarray, tasks: np.ndarray, statistic: str) -> np.ndarray:
+@dataclass(frozen=True)
+class _Draws:
+    """Resampled seed and task indices of one bootstrap, with how often each index was drawn."""
+
+    seeds: np.ndarray  # (n_boot, n) indices
+    tasks: np.ndarray  # (n_boot, m) indices
+    seed_counts: np.ndarray  # (n_boot, n_rows)
+    task_counts: np.ndarray  # (n_boot, m)
+
+
+@functools.lru_cache(maxsize=8)
+def _draws(seed: int, n_boot: int, na: int, nb: int | None, m: int) -> tuple[_Draws, _Draws | None]:
+    """The draws of `crossed_bootstrap` (cached: every cell of a table with the same design
+    draws the same indices, so they are computed once). nb None: paired or one arm."""
+    rng = np.random.default_rng(seed)
+    ia = rng.integers(0, na, size=(n_boot, na))
+    ib = None if nb is None else rng.integers(0, nb, size=(n_boot, nb))
+    it = rng.integers(0, m, size=(n_boot, m))
+    wt = _counts(it, m).astype(np.float32)  # small whole numbers: exact in float32
+    a = _Draws(ia, it, _counts(ia, na), wt)
+    return a, None if ib is None else _Draws(ib, it, _counts(ib, nb), wt)
+
+
+def _grid_stat(y: np.ndarray, d: _Draws, statistic: str) -> np.ndarray:
     """Statistic over the resampled crossed grid y[seeds_b][:, tasks_b] for every resample b."""
     if statistic == "mean":  # the mean over the grid is a count-weighted sum: no grid is built
-        ws, wt = _counts(seeds, y.shape[0]), _counts(tasks, y.shape[1])
-        return ((ws @ y) * wt).sum(axis=1) / (seeds.shape[1] * tasks.shape[1])
-    out = np.empty(seeds.shape[0])
-    for lo in range(0, seeds.shape[0], 1000):  # chunks bound the memory of the materialized grids
-        s, t = seeds[lo : lo + 1000], tasks[lo : lo + 1000]
+        return ((d.seed_counts @ y) * d.task_counts).sum(axis=1) / (d.seeds.shape[1] * d.tasks.shape[1])
+    out = np.empty(d.seeds.shape[0])
+    for lo in range(0, d.seeds.shape[0], 1000):  # chunks bound the memory of the materialized grids
+        s, t = d.seeds[lo : lo + 1000], d.tasks[lo : lo + 1000]
         grid = y[s[:, :, None], t[:, None, :]].reshape(len(s), -1)
         out[lo : lo + 1000] = _stat_rows(grid, statistic)
     return out
@@ -200,13 +223,11 @@ def crossed_bootstrap(
     n = a.shape[0] if b is None or paired else min(a.shape[0], b.shape[0])
     if n < 2:
         return Difference(value, math.nan, math.nan, n, paired)
-    rng = np.random.default_rng(seed)
-    ia = rng.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
-    ib = None if b is None else ia if paired else rng.integers(0, b.shape[0], size=(n_boot, b.shape[0]))
-    it = rng.integers(0, a.shape[1], size=(n_boot, a.shape[1]))
-    boot = _grid_stat(a, ia, it, statistic)
+    nb = None if b is None or paired else b.shape[0]
+    da, db = _draws(seed, n_boot, a.shape[0], nb, a.shape[1])
+    boot = _grid_stat(a, da, statistic)
     if b is not None:
-        boot = boot - _grid_stat(np.asarray(b, dtype=float), ib, it, statistic)
+        boot = boot - _grid_stat(np.asarray(b, dtype=float), db or da, statistic)
     return Difference(value, *_percentiles(boot, confidence), n, paired)
 
 

@@ -164,8 +164,8 @@ def notes(results, block: Block, columns: list[str], requested, min_seeds: int, 
         )
     if any(c in columns for c in ("episodes", "tokens", "wall")):
         out.append(
-            "episodes, gen. tokens (generated, refills included) and wall (wall-clock time) are totals per run, "
-            "mean over seeds; (×r) = r times the baseline of the same config, shown when r differs from 1 by > 5%."
+            "episodes, gen. tokens (generated, refills included) and wall (wall-clock time) are totals per run, mean "
+            "over seeds; (×r) = r times the baseline of the same config, shown when r differs from 1 by more than 5%."
         )
     if MATCHED in columns:
         out.append(
