@@ -87,7 +87,7 @@ def requested_seeds(results: pd.DataFrame, cells: list[str]) -> dict[str, int]:
     counts = results.groupby("cell")["point"].count()
     group = results.groupby("cell")["config_group"].first()
     most = {g: int(counts[group == g].max()) for g in set(group)}
-    return {c: (len(meta.seeds) or most[""]) if not group[c] else most[group[c]] for c in cells}
+    return {c: (len(meta.seeds) or most.get("", 0)) if not group[c] else most[group[c]] for c in cells}
 
 
 # ----------------------------------------------------------------------------- per-seed metric columns
@@ -129,14 +129,22 @@ def _scores(primary: str, results: pd.DataFrame, curves: pd.DataFrame, tasks: pd
     """Per-task scores when every finished point has them for this metric, else per-seed ones."""
     done = results[results["status"].isin(FINISHED)]
     spec = task_metric(primary)
-    if spec and tasks is not None and len(tasks):
+    missing = len(done)
+    if spec and spec[0] == "final" and tasks is not None and len(tasks):
         scores = task_scores(tasks, spec[1], spec[2])
-        if all(scores.has(p) for p in done["point"]):
+        missing = sum(not scores.has(p) for p in done["point"])
+        if not missing:
             return scores
     base = primary.partition("/")[2]
     start = dict(zip(results["point"], resolve_metric(results, curves, f"init/{base}")))
     final = dict(zip(results["point"], resolve_metric(results, curves, primary)))
-    return seed_scores(curves, base, start if primary.startswith("final/") else {}, final)
+    scores = seed_scores(curves, base, start if primary.startswith("final/") else {}, final)
+    scores.note = (
+        f"Per-task results (eval_tasks.jsonl) are missing for {missing} of {len(done)} finished points: "
+        if 0 < missing < len(done)
+        else "No per-task results (eval_tasks.jsonl): "
+    ) + "intervals are over seeds only."
+    return scores
 
 
 def _totals(results: pd.DataFrame, curves: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -375,5 +383,5 @@ def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table
     if metrics:
         check_metrics(list(metrics), known_metrics(results, curves), Path(path))
     wanted = list(metrics or DEFAULT_METRICS)
-    tasks = load_tasks(Path(path), list(done["point"])) if task_metric(wanted[0]) else None
+    tasks = load_tasks(Path(path), list(done["point"])) if wanted[0].startswith("final/eval_") else None
     return build_table(results, curves, metrics, tasks=tasks, **kw)

@@ -99,7 +99,7 @@ def caption(results, block: Block, scores: Scores | None, primary: str | None, s
             f"and tasks independently, shown as {form}; gain and Δ are paired by seed and task (common random numbers)."
         )
     else:
-        why = " No per-task results (eval_tasks.jsonl): intervals are over seeds only." if block.columns else ""
+        why = f" {scores.note}" if block.columns and scores is not None and scores.note else ""
         parts.append(f"{why} {stat} over seeds with a {boot}, shown as {form}.".strip())
     if DELTA in block.columns:
         base = results.loc[results["is_baseline"], "label"]

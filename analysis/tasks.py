@@ -86,6 +86,7 @@ class Scores:
     start: dict[str, float] = field(default_factory=dict)
     final: dict[str, float] = field(default_factory=dict)
     episodes: dict[str, pd.Series] = field(default_factory=dict)  # cumulative episodes by update (`cumulative`)
+    note: str = ""  # why the scores are per seed, for the caption
 
     def has(self, point: str) -> bool:
         return point in self.frames or point in self.final

@@ -104,6 +104,13 @@ def test_without_per_task_results_the_table_falls_back_to_seeds_and_says_so(tmp_
     assert "for 3 seeds (seed-level values)" in t.summary[0]
 
 
+def test_points_without_per_task_results_make_the_whole_table_per_seed(sweep):
+    (sweep / "filter.name=dapo__seed=1__h1" / "eval_tasks.jsonl").unlink()
+    t = table_for(sweep)
+    assert "Per-task results (eval_tasks.jsonl) are missing for 1 of 9 finished points" in t.caption
+    assert "two-level" not in t.caption
+
+
 def test_points_of_another_base_config_are_never_pooled(sweep):
     add_other_config(sweep, updates=6)
     d = pd.read_csv(io.StringIO(render(table_for(sweep), "csv")))
