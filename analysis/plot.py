@@ -7,8 +7,8 @@ Every figure has fixed panel sizes and the legend in its own column right of the
 split, the decoding, tasks and episodes per evaluation, and what line and band mean. Lines are
 the mean over seeds at each update, bands the 95% percentile-bootstrap CI over the seeds logged
 there (analysis.stats, fixed seed: reproducible); against episodes or tokens a point is drawn
-at the mean cumulative count of its seeds. Rates are drawn on [0, 1], non-negative quantities
-from 0, so that a step of one task in eight is not blown up into a cliff. With two axes, colour
+at the mean cumulative count of its seeds. Rate axes span at least half of [0, 1], non-negative
+quantities start at 0, so that a step of one task in eight is not blown up into a cliff. With two axes, colour
 encodes the first axis and line style and marker the second; points of another base config
 have hollow markers.
 """
@@ -39,6 +39,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", "-.", ":")
 X_LABELS = {"update": "update", "episodes": "episodes generated", "tokens": "generated tokens"}
 RATE = re.compile(r"(success|_rate|_frac|constrained_mass)$")
+RATE_SPAN = 0.5  # the least height of a rate axis: a step of 1/8 is a quarter of the panel at most
 NONNEGATIVE = re.compile(r"(kl_k3|kl_k2|entropy|_std|tokens|episodes|turns|mi_estimate|rounds)$")
 
 
@@ -145,13 +146,19 @@ def _x_positions(b: pd.DataFrame, x: str, curves: pd.DataFrame, results: pd.Data
 
 
 def _ylim(ax, metric: str, b: pd.DataFrame) -> None:
-    if RATE.search(metric):
-        ax.set_ylim(-0.03, 1.03)
-        return
+    """Rates: whole tenths around the data, at least RATE_SPAN tall, within [0, 1]; non-negative
+    quantities from 0; others the data with a margin. A small step never fills the panel."""
     vals = pd.concat([b["mean"], b["lo"], b["hi"]]).dropna()
     if vals.empty:
         return
     lo, hi = float(vals.min()), float(vals.max())
+    if RATE.search(metric):
+        lo, hi = max(0.0, np.floor(lo * 10) / 10), min(1.0, np.ceil(hi * 10) / 10)
+        if hi - lo < RATE_SPAN:  # widen around the data's middle, staying inside [0, 1]
+            lo = min(max(0.0, (lo + hi - RATE_SPAN) / 2), 1.0 - RATE_SPAN)
+            hi = lo + RATE_SPAN
+        ax.set_ylim(lo - 0.03, hi + 0.03)
+        return
     if NONNEGATIVE.search(metric) and lo >= 0:
         lo = 0.0
     span = hi - lo if hi > lo else max(abs(hi) * 0.1, 0.05)

@@ -134,7 +134,8 @@ def test_axes_ticks_limits_and_titles(tmp_path):
     assert "evaluated every 2 updates" in title and "mean over 3 seeds" in title
     panels = {ax.get_title(): ax for ax in ev.axes}
     assert set(panels) >= {"greedy success vs update", "greedy success vs episodes generated"}
-    assert panels["greedy success vs update"].get_ylim() == pytest.approx((-0.03, 1.03))  # not zoomed in
+    lo, hi = panels["greedy success vs update"].get_ylim()
+    assert lo >= -0.03 and hi <= 1.03 and hi - lo >= 0.5  # never zoomed in so far that 1/8 is a cliff
     ticks = [t for t in panels["greedy success vs update"].get_xticks() if 0 <= t <= 4]
     assert all(float(t).is_integer() for t in ticks)
     diag = {ax.get_title(): ax for ax in figs["diagnostics"].axes}
