@@ -264,7 +264,7 @@ def family_figure(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -
     rows, cols = _shape(fam, len(chosen))
     fig, axes = panels(rows, cols)
     styles = line_styles(results)
-    collapses = results.dropna(subset=["collapsed_at"])
+    collapses = results.dropna(subset=["collapsed_at"]) if family.name == "diagnostics" else results.iloc[:0]
     drawn: set[str] = set()
     flat = [ax for row in axes for ax in row]
     for i, (title, metric) in enumerate(chosen):
@@ -283,8 +283,7 @@ def family_figure(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -
         else False
     )  # the labels are the axis values: the legend's title names the axis
     legend_title = short_axis_names(meta.axes)[meta.axes[0]] if by_value else None
-    n_collapse = len(collapses) if family.name == "diagnostics" else 0
-    title = _title(fam, curves, results, n_collapse)
+    title = _title(fam, curves, results, len(collapses))
     return finish(fig, axes, [_handle(styles[lab]) for lab in labels], labels, title, legend_title)
 
 
