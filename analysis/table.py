@@ -211,129 +211,102 @@ def _cost_entries(block: Block, cells: list[str], base_of: dict[str, str | None]
 
 
 # ----------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Options:
+    statistic: str = "mean"
+    interval: str = "pm"
+    min_seeds: int = 1
+    n_boot: int = N_BOOT
+    seed: int = 0
+
+    @property
+    def boot(self) -> dict:
+        return dict(statistic=self.statistic, n_boot=self.n_boot, seed=self.seed)
+
+
+def _primary_block(results, curves, tasks, cells, primary: str | None, opts: Options):
+    """(the start/final/gain/Δ block with the cost of every cell, the scores it was built on)."""
+    done = results[results["status"].isin(FINISHED)]
+    totals = _totals(results, curves)
+    if primary is None:  # no block: the cost only
+        block = build_block(done, cells, seed_scores(curves, "", {}, {}), totals, opts.boot)
+        block.columns = []
+        return block, None
+    scores = _scores(primary, results, curves, tasks)
+    scores.episodes = cumulative(curves, EPISODE_KEYS)
+    return build_block(done, cells, scores, totals, opts.boot), scores
+
+
+def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str, Entry], block: Block, first) -> dict:
+    """The CSV row of a cell: keys, seeds, and value/lo/hi/n of every estimate."""
+    rec = dict(zip(key_header, keys), seeds=seeds[0], requested=seeds[1], baseline=bool(first["is_baseline"]))
+    rec["config_group"] = first["config_group"]
+    for col, e in entries.items():
+        name = {DELTA: "delta", MATCHED: "delta@equal_episodes"}.get(col, col)
+        if e.kind == "text":
+            rec[name] = block.cost.get(c, {}).get(col, math.nan) if col in COST else math.nan
+            continue
+        for suffix, attr, empty in (("", "value", math.nan), (":lo", "lo", math.nan), (":hi", "hi", math.nan)):
+            rec[name + suffix] = getattr(e.est, attr, empty)
+        rec[f"{name}:n"] = getattr(e.est, "n", 0)
+    if DELTA in entries:
+        rec["delta:paired"] = block.paired.get(c)
+    if c in block.budget:
+        rec["equal_episodes_budget"] = block.budget[c]
+    return rec
+
+
 def build_table(
     results: pd.DataFrame,
     curves: pd.DataFrame | None = None,
     metrics: list[str] | None = None,
-    statistic: str = "mean",
-    interval: str = "pm",
-    min_seeds: int = 1,
-    n_boot: int = N_BOOT,
-    seed: int = 0,
     tasks: pd.DataFrame | None = None,
+    **options,
 ) -> Table:
-    """Estimates for every cell: the paired block of the first metric (when it is a final/ or
-    another summary metric), the further metrics, the cost; and the lines under the table."""
+    """Estimates for every cell: the paired block of the first metric (a final/ or another summary
+    metric), the further metrics, the cost; the caption and the lines under the table.
+    `options`: statistic (mean | iqm), interval (pm | bracket), min_seeds, n_boot, seed."""
+    opts = Options(**options)
     curves = curves if curves is not None else pd.DataFrame(columns=["point", "metric", "update", "value"])
     done = results[results["status"].isin(FINISHED)]
     cells = list(dict.fromkeys(results["cell"]))
     requested = requested_seeds(results, cells)
     wanted = list(metrics or DEFAULT_METRICS)
-    boot = dict(statistic=statistic, n_boot=n_boot, seed=seed)
     primary = wanted[0] if wanted[0] != "collapsed_at" else None
+    block, scores = _primary_block(results, curves, tasks, cells, primary, opts)
     extra_notes: list[str] = []
-    scores = _scores(primary, results, curves, tasks) if primary else None
-    if scores is not None:
-        scores.episodes = cumulative(curves, EPISODE_KEYS)
-        block = build_block(done, cells, scores, _totals(results, curves), boot)
-    else:
-        block = build_block(done, cells, seed_scores(curves, "", {}, {}), _totals(results, curves), boot)
-        block.columns = []
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}
     rest = _recorded(done, values, rest, bool(metrics), extra_notes)
-    grid = _block_entries(block, cells, requested, min_seeds)
-    for c, entries in _metric_columns(done, values, rest, cells, requested, min_seeds, boot).items():
+    grid = _block_entries(block, cells, requested, opts.min_seeds)
+    for c, entries in _metric_columns(done, values, rest, cells, requested, opts.min_seeds, opts.boot).items():
         grid[c].update(entries)
-    base_of = dict(zip(results["cell"], results["baseline_cell"]))
-    cost_cols, cost_grid = _cost_entries(block, cells, base_of)
-    for c in cells:
-        grid[c].update(cost_grid[c])
+    cost_cols, cost_grid = _cost_entries(block, cells, dict(zip(results["cell"], results["baseline_cell"])))
     columns = block.columns + rest + cost_cols
     header = [BLOCK_NAMES[c] if c in BLOCK_NAMES else COST_NAMES.get(c) or metric_name(c) for c in columns]
-    if block.columns == [FINAL, DELTA] or block.columns == [FINAL]:  # a summary metric without a start
+    if block.columns in ([FINAL, DELTA], [FINAL]):  # a summary metric without a start
         header[0] = metric_name(primary)
-    return _assemble(
-        results,
-        cells,
-        columns,
-        header,
-        grid,
-        block,
-        scores,
-        requested,
-        statistic,
-        interval,
-        n_boot,
-        min_seeds,
-        primary,
-        extra_notes,
-    )
-
-
-def _assemble(
-    results,
-    cells,
-    columns,
-    header,
-    grid,
-    block,
-    scores,
-    requested,
-    statistic,
-    interval,
-    n_boot,
-    min_seeds,
-    primary,
-    extra_notes,
-) -> Table:
-    meta = results.attrs["sweep"]
-    done = results[results["status"].isin(FINISHED)]
     key_header, keys = keys_and_header(results, cells)
     rows, data = [], []
     for c in cells:
+        entries = {**grid[c], **cost_grid[c]}
         n_done = int((done["cell"] == c).sum())
-        rows.append((keys[c], f"{n_done}/{requested[c]}", [grid[c][col] for col in columns]))
+        rows.append((keys[c], f"{n_done}/{requested[c]}", [entries[col] for col in columns]))
         first = results[results["cell"] == c].iloc[0]
-        rec = dict(
-            zip(key_header, keys[c]),
-            seeds=n_done,
-            requested=requested[c],
-            baseline=bool(first["is_baseline"]),
-            config_group=first["config_group"],
-        )
-        for col in columns:
-            e = grid[c][col]
-            name = {DELTA: "delta", MATCHED: "delta@equal_episodes"}.get(col, col)
-            if e.kind == "text":
-                rec[name] = block.cost.get(c, {}).get(col, math.nan) if col in COST else math.nan
-                continue
-            rec.update(
-                {
-                    name: getattr(e.est, "value", math.nan),
-                    f"{name}:lo": getattr(e.est, "lo", math.nan),
-                    f"{name}:hi": getattr(e.est, "hi", math.nan),
-                    f"{name}:n": getattr(e.est, "n", 0),
-                }
-            )
-        if DELTA in columns:
-            rec["delta:paired"] = block.paired.get(c)
-        if c in block.budget:
-            rec["equal_episodes_budget"] = block.budget[c]
-        data.append(rec)
-    shown = " ".join(format_entry(e, MD, interval) for _, _, es in rows for e in es)
+        data.append(_record(c, keys[c], key_header, (n_done, requested[c]), entries, block, first))
+    shown = " ".join(format_entry(e, MD, opts.interval) for _, _, es in rows for e in es)
     return Table(
-        meta.name,
+        results.attrs["sweep"].name,
         key_header,
         header,
         rows,
-        caption(results, block, scores, primary, statistic, interval, n_boot),
-        notes(results, block, columns, requested, min_seeds, shown) + extra_notes,
+        caption(results, block, scores, primary, opts.statistic, opts.interval, opts.n_boot),
+        notes(results, block, columns, requested, opts.min_seeds, shown) + extra_notes,
         provenance(results),
         missing_lines(results),
         pd.DataFrame(data),
-        interval,
-        summary_lines(results, block, scores, statistic),
+        opts.interval,
+        summary_lines(results, block, scores, opts.statistic),
     )
 
 

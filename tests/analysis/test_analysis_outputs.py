@@ -91,7 +91,8 @@ def test_cli_bad_input_is_one_paragraph_exit_2(cli, tmp_path):
 
 def test_analysis_never_imports_torch_or_the_trainer():
     code = (
-        "import sys, analysis, analysis.table, analysis.plot, analysis.report, harness.cli.analysis; "
+        "import sys, analysis, analysis.table, analysis.plot, analysis.report, analysis.results_doc, "
+        "harness.cli.analysis; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.rl.trainer'))]; "
         "assert not bad, bad"
     )
