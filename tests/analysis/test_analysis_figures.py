@@ -99,7 +99,8 @@ def test_the_checker_catches_an_overlapping_legend_and_a_collapsed_axes():
     for i in range(12):
         axes[0].plot([0, 1], [i, i], label=f"{LONG}-{i}")
     squeezed.legend(loc="outside right upper")  # the layout engine gives up: the legend covers the panels
-    assert "legend overlaps axes 0" in overlaps(squeezed)
+    with pytest.warns(UserWarning, match="constrained_layout not applied"):
+        assert "legend overlaps axes 0" in overlaps(squeezed)
     tiny = Figure(figsize=(5, 3))
     FigureCanvasAgg(tiny)
     tiny.add_axes((0.1, 0.1, 0.8, 0.1))
