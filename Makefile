@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.harness-installed-$(shell $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(open('pyproject.toml','rb').read()).hexdigest()[:12])")
 PYTEST_ARGS ?= -m "not slow and not gpu" -q
 
-.PHONY: setup lint test test-all sweep docs clean-venv
+.PHONY: setup lint test test-all sweep docs results-doc clean-venv
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ docs: setup
 
 sweep: setup
 	$(VENV)/bin/harness sweep sweeps/clipping.yaml --workers 2
+
+# docs/results.md from results/ (tables, figures under docs/figures/, notes from docs/results_notes/)
+results-doc: setup
+	$(VENV)/bin/harness results-doc results --out docs/results.md
 
 clean-venv:
 	rm -rf $(VENV)

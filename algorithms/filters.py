@@ -58,7 +58,9 @@ def no_filter(rewards, group, params: FilterParams = FilterParams()) -> FilterRe
 
 
 @GROUP_FILTER.register(
-    "dapo", doc="drop groups whose rewards are all equal", source="DAPO dynamic sampling (Yu et al. 2025)"
+    "dapo",
+    doc="drop groups whose rewards are all equal; refills the batch only with algo.filter.max_extra_rounds > 0",
+    source="DAPO dynamic sampling (Yu et al. 2025)",
 )
 def dapo(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
     """Keep groups with nonzero reward variance. Resampling to refill is the trainer's."""

@@ -11,6 +11,10 @@ Layout read (written by the runner):
     <sweep>/<point>/metrics.jsonl       one JSON row per update; update 0 = evaluation before RL
     <sweep>/<point>/summary.json        status, metrics, config_hash, code_version, packages
     <sweep>/<point>/status              one word
+    <sweep>/<point>/eval_tasks.jsonl    one row per evaluated episode (analysis.tasks; may be absent)
+
+Points of another base config in the same folder form their own config group (analysis.configs):
+`config_group` names the keys that differ, and cells, labels and baselines never mix groups.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from analysis.cells import add_cells, format_value, short_axis_names  # noqa: F401 (re-exported)
+from analysis.configs import config_groups, diff_text
+
 SEED_KEY = "train.seed"
 POINT_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "status")
+COST_KEYS = ("cost/episodes", "cost/generated_tokens", "cost/wall_s")
 # Statuses whose summary metrics are results (a diverged run is a result, not a failure).
 FINISHED = ("done", "diverged")
 
@@ -45,6 +53,8 @@ class SweepMeta:
     points: list[dict[str, Any]]
     source: str = "sweep.json"
     problems: list[str] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)  # sweep.json as read (command, base_config, ...)
+    other_configs: list[str] = field(default_factory=list)  # differing keys of each other config group
 
     def __deepcopy__(self, memo: dict) -> SweepMeta:
         # pandas deep-copies DataFrame.attrs on every slice; this metadata is shared, not copied.
@@ -64,19 +74,6 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def format_value(v: Any) -> str:
-    """Axis value as shown in labels and tables (stable, compact)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, separators=(",", ":"), sort_keys=True)
-    return str(v)
 
 
 def _read_json(p: Path, problems: list[str]) -> Any:
@@ -164,7 +161,7 @@ def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta
         baseline = dict(raw.get("baseline") or {})
         if not axes and configs:
             axes = _infer_axes(configs)
-        meta = SweepMeta(str(raw.get("name") or root.name), axes, baseline, seeds, points, "sweep.json", problems)
+        meta = SweepMeta(str(raw.get("name") or root.name), axes, baseline, seeds, points, "sweep.json", problems, raw)
     else:
         if raw is None and not problems:
             problems.append("no sweep.json: axes inferred from the configs, baseline = first point")
@@ -194,6 +191,17 @@ def _status(pdir: Path, summary: dict | None, has_metrics: bool) -> str:
     return "missing" if not pdir.exists() else "partial"
 
 
+def _cost(row: dict[str, Any], summary: dict[str, Any]) -> None:
+    """cost/episodes, cost/generated_tokens, cost/wall_s from the summary's metrics or top level;
+    the wall time falls back to the runner's timings (the point's last attempt)."""
+    for key in COST_KEYS:
+        if not isinstance(row.get(key), (int, float)) and isinstance(summary.get(key), (int, float)):
+            row[key] = summary[key]
+    wall = (summary.get("timings") or {}).get("wall_s")
+    if not isinstance(row.get("cost/wall_s"), (int, float)) and isinstance(wall, (int, float)):
+        row["cost/wall_s"] = float(wall)
+
+
 def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
     pdir = root / str(point["id"])
     summary = _read_json(pdir / "summary.json", problems)
@@ -218,6 +226,7 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
     else:
         row["collapsed_at"] = float(collapsed) if isinstance(collapsed, (int, float)) else math.nan
         row["collapsed_reason"] = None
+    _cost(row, summary or {})
     seed = point.get("seed", (config or {}).get(SEED_KEY))
     row.update(
         point=str(point["id"]),
@@ -263,10 +272,13 @@ def load_results(path: str | Path) -> pd.DataFrame:
         raise AnalysisError(
             f"{root} holds no points: no sweep.json with points and no sub-folder with {', '.join(POINT_FILES)}."
         )
+    groups = config_groups(meta.raw if meta.source == "sweep.json" else None, configs, meta.points, meta.axes)
     rows = []
     for p in meta.points:
         pid = str(p["id"])
         row = _point_row(root, p, configs.get(pid), list(cfg_problems.get(pid, [])))
+        diff = groups.get(pid, [])
+        row.update(config_group=diff_text(diff, None), group_label=diff_text(diff))
         overrides = p.get("overrides") or {}
         for a in meta.axes:
             row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
@@ -276,59 +288,10 @@ def load_results(path: str | Path) -> pd.DataFrame:
         rows.append(row)
     df = pd.DataFrame(rows)
     df["seed"] = df["seed"].astype("Int64")  # <NA> where no seed is known
-    df = _add_cells(df, meta)
+    df = add_cells(df, meta)
+    meta.other_configs = [g for g in dict.fromkeys(df["config_group"]) if g]
     df.attrs["sweep"] = meta
     return df
-
-
-def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
-    return " | ".join(format_value(row.get(a)) for a in axes) if axes else "all"
-
-
-def _add_cells(df: pd.DataFrame, meta: SweepMeta) -> pd.DataFrame:
-    """`cell` groups the seeds of one variant (the runner's variant slug, else the axis values);
-    `label` names it (the sweep's label, else the axis values); baseline cell first."""
-    axes = meta.axes
-    by_axes = [cell_key(r, axes) for _, r in df.iterrows()]
-    keys = [v if isinstance(v, str) and v else k for v, k in zip(df["_variant"], by_axes)]
-    flagged = [k for k, b in zip(keys, df["_is_baseline"]) if b is True]
-    wanted = cell_key(meta.baseline, axes) if meta.baseline else None
-    matched = [k for k, a in zip(keys, by_axes) if a == wanted]
-    base_key = (flagged or matched or keys or ["all"])[0]
-    if not flagged and not matched and keys and meta.baseline:
-        meta.problems.append(f"baseline {meta.baseline} matches no point; using the first point's cell")
-    short = short_axis_names(axes)
-    labels: dict[str, str] = {}
-    for k, lab, (_, r) in zip(keys, df["_sweep_label"], df.iterrows()):
-        if k not in labels or (isinstance(lab, str) and lab and labels[k] != lab):
-            labels[k] = (
-                lab
-                if isinstance(lab, str) and lab
-                else (
-                    ", ".join(f"{short[a]}={format_value(r.get(a))}" for a in axes)
-                    if len(axes) > 1
-                    else format_value(r.get(axes[0]))
-                    if axes
-                    else "all"
-                )
-            )
-    if len(set(labels.values())) < len(labels):  # axis values do not tell two variants apart
-        labels = {k: k for k in labels}
-    order = list(dict.fromkeys([base_key] + keys))
-    df["cell"] = keys
-    df["label"] = [labels[k] for k in keys]
-    df["is_baseline"] = [k == base_key for k in keys]
-    df["_order"] = [order.index(k) for k in keys]
-    df = df.sort_values(["_order", "seed"], kind="stable", na_position="last")
-    return df.drop(columns=["_order", "_sweep_label", "_variant", "_is_baseline"]).reset_index(drop=True)
-
-
-def short_axis_names(axes: list[str]) -> dict[str, str]:
-    """'algo.clip.level' -> 'clip.level' (last two parts), the full key where that is ambiguous."""
-    short = {a: ".".join(a.split(".")[-2:]) for a in axes}
-    if len(set(short.values())) < len(short):
-        return {a: a for a in axes}
-    return short
 
 
 def load_curves(

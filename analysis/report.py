@@ -13,18 +13,34 @@ import pandas as pd
 
 from analysis.load import FINISHED, AnalysisError, load_results
 from analysis.plot import make_plots
-from analysis.table import Table, table_for, to_html, to_markdown
+from analysis.render import to_html, to_markdown
+from analysis.table import Table, table_for
 
 REPORT_FORMATS = ("md", "html")
 
 
-def _status_line(results: pd.DataFrame) -> str:
-    counts = results["status"].value_counts()
+def _counts(rows: pd.DataFrame) -> tuple[int, str]:
+    counts = rows["status"].value_counts()
     done = int(counts[counts.index.isin(FINISHED)].sum())
     known = [*FINISHED, "running", "failed", "missing", "partial"]
     order = sorted(counts.index, key=lambda s: (known.index(s) if s in known else len(known), s))
-    parts = ", ".join(f"{counts[s]} {s}" for s in order)
-    return f"{done} of {len(results)} points finished ({parts})."
+    return done, ", ".join(f"{counts[s]} {s}" for s in order)
+
+
+def status_line(results: pd.DataFrame) -> str:
+    """How many of the sweep's points finished; points of other base configs are counted apart."""
+    own = results[results["config_group"] == ""]
+    done, parts = _counts(own)
+    line = f"{done} of {len(own)} points finished ({parts})."
+    others = results[results["config_group"] != ""]
+    if len(others):
+        groups = "; ".join(f"{g}: {_counts(rows)[1]}" for g, rows in others.groupby("config_group", sort=False))
+        line = (
+            f"{done} of {len(own)} points of this sweep's config finished ({parts}). The folder also holds "
+            f"{len(others)} points of other base configs ({groups}); they have rows of their own and are never "
+            f"pooled with the sweep's points."
+        )
+    return line
 
 
 def _sections(
@@ -48,7 +64,7 @@ def _sections(
         else []
     )
     return [
-        ("Status", _status_line(results), [], []),
+        ("Status", status_line(results), [], []),
         ("Table", table_text, [], []),
         ("Figures", figures if isinstance(figures, str) else "", [], images),
         (

@@ -1,25 +1,34 @@
-"""The paper table of a sweep: rows = axis values (or combinations), columns = metrics, each cell
-statistic +- 95% bootstrap CI over seeds, a difference-to-baseline column with a paired interval,
-provenance in the caption and a footer naming every point that is not in the table.
+"""The paper table of a sweep: one row per cell (axis values or combination; points of another
+base config get rows of their own), columns that show what changed and what it cost.
 
-`build_table` computes once (a `Table` of estimates); `render(table, fmt)` prints it as Markdown,
-LaTeX (booktabs), HTML or CSV.
+For the first metric `final/<m>` (default held-out greedy success): start (before RL), final,
+gain = final - start, Δ to the baseline of the same config, and Δ @ equal episodes where costs
+differ (analysis.columns). With per-task results these are over the seeds x tasks grid, paired by
+seed and task; without them (older results) over seeds only, and the caption says so. Further
+metrics are columns of their own (estimate ± 95% bootstrap CI over seeds), followed by the cost
+(episodes, generated tokens, wall time). Under the table: the minimum detectable effect for the
+sweep's seeds and tasks, a warning below 3 seeds, notes, provenance and every missing point.
+
+`build_table` computes once (a `Table`); `analysis.render.render(table, fmt)` prints it.
 """
 
 from __future__ import annotations
 
-import html
-import io
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import FINISHED, format_value, load_curves, load_results, resolve_metric, short_axis_names
-from analysis.stats import CONFIDENCE, N_BOOT, Difference, Estimate, bootstrap_ci, paired_difference
+from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, Block, build_block
+from analysis.load import FINISHED, AnalysisError, load_curves, load_results, resolve_metric
+from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
+from analysis.stats import N_BOOT, Estimate, bootstrap_ci
+from analysis.table_text import caption, keys_and_header, notes, provenance, summary_lines
+from analysis.tasks import EPISODE_KEYS, TOKEN_KEYS, cumulative, load_tasks, seed_scores, task_metric, task_scores
 
-DEFAULT_METRICS = ("final/eval_greedy/success", "best/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
+DEFAULT_METRICS = ("final/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
 METRIC_NAMES = {
     "final/eval_greedy/success": "final success",
     "best/eval_greedy/success": "best success",
@@ -27,28 +36,30 @@ METRIC_NAMES = {
     "collapsed_at": "collapse (update)",
     "final/diag/kl_k3": "final KL (k3)",
 }
-FORMATS = ("markdown", "latex", "csv", "html")
+BLOCK_NAMES = {START: "start", FINAL: "final", GAIN: "gain", DELTA: "Δ vs baseline", MATCHED: "Δ @ equal episodes"}
+COST_NAMES = {"episodes": "episodes", "tokens": "gen. tokens", "wall": "wall"}
 
 
 @dataclass
 class Entry:
     """One table cell before formatting."""
 
-    kind: str  # metric | collapse | delta | baseline | empty
-    est: Estimate | Difference | None = None
+    kind: str  # metric | collapse | delta | baseline | text | empty
+    est: Estimate | object | None = None
     decimals: int = 2
     dagger: bool = False  # fewer seeds than requested
     unpaired: bool = False  # delta interval is unpaired
     below_min: bool = False  # fewer than --min-seeds values: no estimate shown
     collapsed: int = 0  # collapse column: runs that collapsed / finished
     finished: int = 0
+    text: str = ""  # kind text: shown as is
 
 
 @dataclass
 class Table:
     name: str
     key_header: list[str]  # axis (and setting) columns
-    metric_header: list[str]  # metric columns (+ delta)
+    metric_header: list[str]  # metric, difference and cost columns
     rows: list[tuple[list[str], str, list[Entry]]]  # (key texts, seeds text, entries)
     caption: str
     notes: list[str] = field(default_factory=list)
@@ -56,30 +67,31 @@ class Table:
     missing: list[str] = field(default_factory=list)
     data: pd.DataFrame = field(default_factory=pd.DataFrame)
     interval: str = "pm"
+    summary: list[str] = field(default_factory=list)  # MDE and warnings, right under the table
 
 
 def metric_name(m: str) -> str:
     return METRIC_NAMES.get(m, m)
 
 
-def _decimals(values: list[float]) -> int:
+def decimals_for(values: list[float]) -> int:
     """Decimals for a column: about three significant digits for its largest magnitude."""
     m = max((abs(v) for v in values if not math.isnan(v)), default=0.0)
     return 0 if m >= 100 else 1 if m >= 10 else 2 if m >= 0.1 or m == 0 else 3 if m >= 0.01 else 4
 
 
-def _by_seed(rows: pd.DataFrame, values: pd.Series) -> dict[int, float]:
-    """{seed: value}; a point without a known seed gets a key no other point shares (never paired)."""
-    return {-1 - i if pd.isna(s) else int(s): float(values[i]) for i, s in zip(rows.index, rows["seed"])}
+def requested_seeds(results: pd.DataFrame, cells: list[str]) -> dict[str, int]:
+    """Seeds asked for per cell: the sweep's seeds for its own config, else the most any cell of
+    that config group has."""
+    meta = results.attrs["sweep"]
+    counts = results.groupby("cell")["point"].count()
+    group = results.groupby("cell")["config_group"].first()
+    most = {g: int(counts[group == g].max()) for g in set(group)}
+    return {c: (len(meta.seeds) or most.get("", 0)) if not group[c] else most[group[c]] for c in cells}
 
 
-def _seed_text(s) -> str:
-    return "" if pd.isna(s) else f" seed {int(s)}"
-
-
-def _recorded_metrics(
-    done: pd.DataFrame, values: dict[str, pd.Series], metrics: list[str], explicit: bool, notes: list[str]
-) -> list[str]:
+# ----------------------------------------------------------------------------- per-seed metric columns
+def _recorded(done: pd.DataFrame, values: dict[str, pd.Series], metrics: list[str], explicit: bool, out: list[str]):
     """Drop default metrics no finished point recorded (explicit ones stay, as dashes); note both."""
     kept = []
     for m in metrics:
@@ -87,197 +99,215 @@ def _recorded_metrics(
         if recorded or (explicit and m != "collapsed_at"):
             kept.append(m)
         if not recorded and (explicit or m != "collapsed_at"):
-            notes.append(f"Not recorded by any finished point: {m}.")
+            out.append(f"Not recorded by any finished point: {m}.")
     return kept
 
 
 def _metric_entry(rows: pd.DataFrame, v: pd.Series, is_collapse: bool, requested: int, min_seeds: int, **boot) -> Entry:
     est = bootstrap_ci(v[rows.index], **boot)
+    below = 0 < est.n < min_seeds
     if is_collapse:  # NaN = did not collapse: the estimate is over the runs that did
         finished = int(rows["collapse_recorded"].sum())
-        return Entry(
-            "collapse",
-            est,
-            collapsed=est.n,
-            finished=finished,
-            dagger=finished < requested,
-            below_min=0 < est.n < min_seeds,
-        )
-    return Entry("metric", est, dagger=est.n < requested, below_min=0 < est.n < min_seeds)
+        return Entry("collapse", est, collapsed=est.n, finished=finished, dagger=finished < requested, below_min=below)
+    return Entry("metric", est, dagger=est.n < requested, below_min=below)
+
+
+def _metric_columns(done, values, metrics, cells, requested, min_seeds, boot) -> dict[str, dict[str, Entry]]:
+    grid: dict[str, dict[str, Entry]] = {c: {} for c in cells}
+    for m in metrics:
+        for c in cells:
+            rows = done[done["cell"] == c]
+            grid[c][m] = _metric_entry(rows, values[m], m == "collapsed_at", requested[c], min_seeds, **boot)
+        decimals = decimals_for([grid[c][m].est.value for c in cells])
+        for c in cells:  # an update index needs no more than one decimal
+            grid[c][m].decimals = min(decimals, 1) if m == "collapsed_at" else decimals
+    return grid
+
+
+# ----------------------------------------------------------------------------- the paired block
+def _scores(primary: str, results: pd.DataFrame, curves: pd.DataFrame, tasks: pd.DataFrame | None):
+    """Per-task scores when every finished point has them for this metric, else per-seed ones."""
+    done = results[results["status"].isin(FINISHED)]
+    spec = task_metric(primary)
+    missing = len(done)
+    if spec and spec[0] == "final" and tasks is not None and len(tasks):
+        scores = task_scores(tasks, spec[1], spec[2])
+        missing = sum(not scores.has(p) for p in done["point"])
+        if not missing:
+            return scores
+    base = primary.partition("/")[2]
+    start = dict(zip(results["point"], resolve_metric(results, curves, f"init/{base}")))
+    final = dict(zip(results["point"], resolve_metric(results, curves, primary)))
+    scores = seed_scores(curves, base, start if primary.startswith("final/") else {}, final)
+    scores.note = (
+        f"Per-task results (eval_tasks.jsonl) are missing for {missing} of {len(done)} finished points: "
+        if 0 < missing < len(done)
+        else "No per-task results (eval_tasks.jsonl): "
+    ) + "intervals are over seeds only."
+    return scores
+
+
+def _totals(results: pd.DataFrame, curves: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per point: total episodes, generated tokens and wall seconds (summary, else the curves)."""
+    eps, toks = cumulative(curves, EPISODE_KEYS), cumulative(curves, TOKEN_KEYS)
+    out: dict[str, dict[str, float]] = {name: {} for name in COST}
+    for _, r in results.iterrows():
+        for name, key in COST.items():
+            v = r.get(key)
+            curve = {"episodes": eps, "tokens": toks}.get(name, {}).get(r["point"])
+            if not isinstance(v, (int, float)) or math.isnan(v):
+                v = float(curve.iloc[-1]) if curve is not None and len(curve) else math.nan
+            out[name][r["point"]] = float(v)
+    return out
+
+
+def _block_entries(block: Block, cells: list[str], requested, min_seeds) -> dict[str, dict[str, Entry]]:
+    values = [e.value for c in cells for k, e in block.est.get(c, {}).items() if e is not None and k in (START, FINAL)]
+    dec = decimals_for(values)
+    grid: dict[str, dict[str, Entry]] = {c: {} for c in cells}
+    for c in cells:
+        for col in block.columns:
+            e = block.est.get(c, {}).get(col)
+            if col in (DELTA, MATCHED) and c in block.base_cells:
+                grid[c][col] = Entry("baseline")
+                continue
+            if col == MATCHED and c not in block.budget:
+                grid[c][col] = Entry("text", text="same cost" if c in block.paired else "")
+                continue
+            kind = "delta" if col in (GAIN, DELTA, MATCHED) else "metric"
+            n = e.n if e is not None else 0
+            grid[c][col] = Entry(
+                kind,
+                e,
+                decimals=dec,
+                dagger=kind == "metric" and 0 < n < requested[c],
+                unpaired=col in (DELTA, MATCHED) and n > 0 and not block.paired.get(c, True),
+                below_min=0 < n < min_seeds,
+            )
+    return grid
+
+
+def _cost_text(v: float, name: str, ratio: float) -> str:
+    if math.isnan(v):
+        return ""
+    if name == "wall":
+        text = f"{v / 3600:.1f} h" if v >= 3600 else f"{v / 60:.1f} min" if v >= 60 else f"{v:.0f} s"
+    else:
+        text = f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:,.0f}"
+    return text + (f" (×{ratio:.2f})" if not math.isnan(ratio) and abs(ratio - 1) > 0.05 else "")
+
+
+def _cost_entries(block: Block, cells: list[str], base_of: dict[str, str | None]) -> tuple[list[str], dict]:
+    shown = [n for n in COST if any(not math.isnan(block.cost[c][n]) for c in cells)]
+    grid = {c: {} for c in cells}
+    for c in cells:
+        base = base_of.get(c)
+        for n in shown:
+            ref = block.cost[base][n] if base in block.cost and base != c else math.nan
+            grid[c][n] = Entry(
+                "text", text=_cost_text(block.cost[c][n], n, block.cost[c][n] / ref if ref else math.nan)
+            )
+    return shown, grid
+
+
+# ----------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Options:
+    statistic: str = "mean"
+    interval: str = "pm"
+    min_seeds: int = 1
+    n_boot: int = N_BOOT
+    seed: int = 0
+
+    @property
+    def boot(self) -> dict:
+        return dict(statistic=self.statistic, n_boot=self.n_boot, seed=self.seed)
+
+
+def _primary_block(results, curves, tasks, cells, primary: str | None, opts: Options):
+    """(the start/final/gain/Δ block with the cost of every cell, the scores it was built on)."""
+    done = results[results["status"].isin(FINISHED)]
+    totals = _totals(results, curves)
+    if primary is None:  # no block: the cost only
+        block = build_block(done, cells, seed_scores(curves, "", {}, {}), totals, opts.boot)
+        block.columns = []
+        return block, None
+    scores = _scores(primary, results, curves, tasks)
+    scores.episodes = cumulative(curves, EPISODE_KEYS)
+    return build_block(done, cells, scores, totals, opts.boot), scores
+
+
+def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str, Entry], block: Block, first) -> dict:
+    """The CSV row of a cell: keys, seeds, and value/lo/hi/n of every estimate."""
+    rec = dict(zip(key_header, keys), seeds=seeds[0], requested=seeds[1], baseline=bool(first["is_baseline"]))
+    rec["config_group"] = first["config_group"]
+    for col, e in entries.items():
+        name = {DELTA: "delta", MATCHED: "delta@equal_episodes"}.get(col, col)
+        if e.kind == "text":
+            rec[name] = block.cost.get(c, {}).get(col, math.nan) if col in COST else math.nan
+            continue
+        for suffix, attr, empty in (("", "value", math.nan), (":lo", "lo", math.nan), (":hi", "hi", math.nan)):
+            rec[name + suffix] = getattr(e.est, attr, empty)
+        rec[f"{name}:n"] = getattr(e.est, "n", 0)
+    if DELTA in entries:
+        rec["delta:paired"] = block.paired.get(c)
+    if c in block.budget:
+        rec["equal_episodes_budget"] = block.budget[c]
+    return rec
 
 
 def build_table(
     results: pd.DataFrame,
     curves: pd.DataFrame | None = None,
     metrics: list[str] | None = None,
-    statistic: str = "mean",
-    interval: str = "pm",
-    min_seeds: int = 1,
-    n_boot: int = N_BOOT,
-    seed: int = 0,
+    tasks: pd.DataFrame | None = None,
+    **options,
 ) -> Table:
-    """Estimates for every cell x metric, the delta of the first metric to the baseline, notes."""
-    meta = results.attrs["sweep"]
+    """Estimates for every cell: the paired block of the first metric (a final/ or another summary
+    metric), the further metrics, the cost; the caption and the lines under the table.
+    `options`: statistic (mean | iqm), interval (pm | bracket), min_seeds, n_boot, seed."""
+    opts = Options(**options)
+    curves = curves if curves is not None else pd.DataFrame(columns=["point", "metric", "update", "value"])
     done = results[results["status"].isin(FINISHED)]
     cells = list(dict.fromkeys(results["cell"]))
-    requested = len(meta.seeds) or max((int((results["cell"] == c).sum()) for c in cells), default=0)
-    notes: list[str] = []
+    requested = requested_seeds(results, cells)
     wanted = list(metrics or DEFAULT_METRICS)
-    values = {m: resolve_metric(results, curves, m) for m in wanted}
-    metrics = _recorded_metrics(done, values, wanted, bool(metrics), notes)
-    boot = dict(statistic=statistic, n_boot=n_boot, confidence=CONFIDENCE, seed=seed)
-    grid: dict[str, dict[str, Entry]] = {c: {} for c in cells}
-    for m in metrics:
-        for c in cells:
-            grid[c][m] = _metric_entry(
-                done[done["cell"] == c], values[m], m == "collapsed_at", requested, min_seeds, **boot
-            )
-        decimals = _decimals([grid[c][m].est.value for c in cells])
-        for c in cells:  # an update index needs no more than one decimal
-            grid[c][m].decimals = min(decimals, 1) if m == "collapsed_at" else decimals
-    columns = list(metrics)
-    base = results.loc[results["is_baseline"], "cell"]
-    if metrics and len(base):
-        columns.append("Δ")
-        v, base_rows = values[metrics[0]], done[done["cell"] == base.iloc[0]]
-        for c in cells:
-            rows = done[done["cell"] == c]
-            d = paired_difference(_by_seed(rows, v), _by_seed(base_rows, v), **boot)
-            grid[c]["Δ"] = (
-                Entry("baseline")
-                if c == base.iloc[0]
-                else Entry(
-                    "delta",
-                    d,
-                    decimals=grid[c][metrics[0]].decimals,
-                    unpaired=d.n > 0 and not d.paired,
-                    below_min=0 < d.n < min_seeds,
-                )
-            )
-    return _assemble(results, meta, cells, columns, grid, statistic, interval, min_seeds, requested, n_boot, notes)
-
-
-def _assemble(results, meta, cells, columns, grid, statistic, interval, min_seeds, requested, n_boot, notes) -> Table:
-    """Row texts (axis values, seeds), the CSV frame, notes and caption."""
-    short = short_axis_names(meta.axes)
-    first = {c: results[results["cell"] == c].iloc[0] for c in cells}
-    auto = {
-        c: (
-            ", ".join(f"{short[a]}={format_value(first[c][a])}" for a in meta.axes)
-            if len(meta.axes) > 1
-            else format_value(first[c][meta.axes[0]])
-            if meta.axes
-            else "all"
-        )
-        for c in cells
-    }
-    with_setting = not meta.axes or any(first[c]["label"] != auto[c] for c in cells)  # the sweep named its cells
-    key_header = (["setting"] if with_setting else []) + [short[a] for a in meta.axes]
-    done = results[results["status"].isin(FINISHED)]
+    primary = wanted[0] if wanted[0] != "collapsed_at" else None
+    block, scores = _primary_block(results, curves, tasks, cells, primary, opts)
+    extra_notes: list[str] = []
+    rest = wanted[1:] if primary else wanted
+    values = {m: resolve_metric(results, curves, m) for m in rest}
+    rest = _recorded(done, values, rest, bool(metrics), extra_notes)
+    grid = _block_entries(block, cells, requested, opts.min_seeds)
+    for c, entries in _metric_columns(done, values, rest, cells, requested, opts.min_seeds, opts.boot).items():
+        grid[c].update(entries)
+    cost_cols, cost_grid = _cost_entries(block, cells, dict(zip(results["cell"], results["baseline_cell"])))
+    columns = block.columns + rest + cost_cols
+    header = [BLOCK_NAMES[c] if c in BLOCK_NAMES else COST_NAMES.get(c) or metric_name(c) for c in columns]
+    if block.columns in ([FINAL, DELTA], [FINAL]):  # a summary metric without a start
+        header[0] = metric_name(primary)
+    key_header, keys = keys_and_header(results, cells)
     rows, data = [], []
     for c in cells:
-        keys = ([first[c]["label"]] if with_setting else []) + [format_value(first[c][a]) for a in meta.axes]
+        entries = {**grid[c], **cost_grid[c]}
         n_done = int((done["cell"] == c).sum())
-        rows.append((keys, f"{n_done}/{requested}", [grid[c][col] for col in columns]))
-        rec = dict(zip(key_header, keys), seeds=n_done, requested=requested, baseline=bool(first[c]["is_baseline"]))
-        for col in columns:
-            est, name = grid[c][col].est, "delta" if col == "Δ" else col
-            rec.update(
-                {
-                    name: getattr(est, "value", math.nan),
-                    f"{name}:lo": getattr(est, "lo", math.nan),
-                    f"{name}:hi": getattr(est, "hi", math.nan),
-                    f"{name}:n": getattr(est, "n", 0),
-                }
-            )
-            if col == "Δ":
-                rec["delta:paired"] = getattr(est, "paired", None)
-        data.append(rec)
-    notes = _notes(rows, done, columns, requested, min_seeds, interval, notes)
-    caption = _caption(meta, columns, first[cells[0]]["label"] if cells else "?", done, statistic, interval, n_boot)
-    header = [metric_name(m) for m in columns if m != "Δ"] + (
-        [f"Δ {metric_name(columns[0])}"] if "Δ" in columns else []
-    )
+        rows.append((keys[c], f"{n_done}/{requested[c]}", [entries[col] for col in columns]))
+        first = results[results["cell"] == c].iloc[0]
+        data.append(_record(c, keys[c], key_header, (n_done, requested[c]), entries, block, first))
+    shown = " ".join(format_entry(e, MD, opts.interval) for _, _, es in rows for e in es)
     return Table(
-        meta.name,
+        results.attrs["sweep"].name,
         key_header,
         header,
         rows,
-        caption,
-        notes,
-        _provenance(results, meta),
+        caption(results, block, scores, primary, opts.statistic, opts.interval, opts.n_boot),
+        notes(results, block, columns, requested, opts.min_seeds, shown) + extra_notes,
+        provenance(results),
         missing_lines(results),
         pd.DataFrame(data),
-        interval,
+        opts.interval,
+        summary_lines(results, block, scores, opts.statistic),
     )
-
-
-def _notes(
-    rows, done: pd.DataFrame, columns: list[str], requested: int, min_seeds: int, interval: str, notes: list[str]
-) -> list[str]:
-    """Footnotes for the marks actually shown, diverged runs, and the collapse column's definition."""
-    shown = " ".join(format_entry(e, MD, interval) for _, _, es in rows for e in es)
-    head = [f"† fewer than the {requested} requested seeds (see the seeds column)."] if "†" in shown else []
-    if "‡" in shown:
-        head.append("‡ unpaired interval: the cell's seeds differ from the baseline's.")
-    if "(n=" in shown:
-        head.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
-    diverged = done[done["status"] == "diverged"]
-    if len(diverged):
-        runs = ", ".join(f"{r['label']}{_seed_text(r['seed'])}" for _, r in diverged.iterrows())
-        head.append(f"Diverged runs count as results, with the metrics they had when stopped: {runs}.")
-    if "collapsed_at" in columns:
-        head.append(
-            "collapse (update): mean update at which the collapse detector fired, over the runs "
-            "that collapsed (collapsed/finished); never = no run collapsed."
-        )
-    return head + notes
-
-
-def _caption(
-    meta, columns: list[str], baseline: str, done: pd.DataFrame, statistic: str, interval: str, n_boot: int
-) -> str:
-    stat = "mean" if statistic == "mean" else "IQM (interquartile mean, rliable)"
-    form = "± half-width" if interval == "pm" else "[lo, hi]"
-    caption = (
-        f"Sweep {meta.name}: {stat} over seeds with a {CONFIDENCE:.0%} percentile bootstrap CI "
-        f"({n_boot:,} resamples{', stratified' if statistic == 'iqm' else ''}), shown as {form}."
-    )
-    if "Δ" in columns:
-        caption += (
-            f" Δ = difference in {metric_name(columns[0])} to the baseline ({baseline}), paired bootstrap over seeds."
-        )
-    seeds = ", ".join(str(s) for s in meta.seeds) or "unknown"
-    return caption + f" Seeds {seeds}. Code {_code_versions(done)}."
-
-
-def _code_versions(done: pd.DataFrame) -> str:
-    counts = done["code_version"].dropna().value_counts(sort=False)
-    if counts.empty:
-        return "unknown"
-    return ", ".join(f"{v}" if len(counts) == 1 else f"{v} ({n} points)" for v, n in counts.items())
-
-
-def _provenance(results: pd.DataFrame, meta) -> list[str]:
-    done = results[results["status"].isin(FINISHED)]
-    lines = [
-        f"sweep: {meta.name} ({meta.source}); axes: {', '.join(meta.axes) or 'none'}; "
-        f"baseline: {', '.join(f'{k}={format_value(v)}' for k, v in meta.baseline.items()) or 'first point'}"
-    ]
-    hashes = []
-    for label, g in done.groupby("label", sort=False):
-        hs = [
-            f"{h}" + (f" ({_seed_text(s).strip()})" if _seed_text(s) else "")
-            for h, s in zip(g["config_hash"].fillna("?"), g["seed"])
-        ]
-        hashes.append(f"{label}: {', '.join(hs)}")
-    if hashes:
-        lines.append("config hashes: " + "; ".join(hashes))
-    lines.append(f"code versions: {_code_versions(done)}")
-    pkgs = done["packages"].dropna().unique()
-    if len(pkgs) > 1:
-        lines.append(f"package versions differ across points ({len(pkgs)} distinct sets)")
-    return lines
 
 
 def missing_lines(results: pd.DataFrame) -> list[str]:
@@ -287,159 +317,44 @@ def missing_lines(results: pd.DataFrame) -> list[str]:
     for _, r in results[~results["status"].isin(FINISHED)].iterrows():
         why = f": {str(r['error']).splitlines()[0][:120]}" if isinstance(r.get("error"), str) and r["error"] else ""
         probs = f" ({r['problems']})" if r["problems"] else ""
-        out.append(f"{r['label']}{_seed_text(r['seed'])} [{r['point']}]: {r['status']}{why}{probs}")
+        seed = "" if pd.isna(r["seed"]) else f" seed {int(r['seed'])}"
+        out.append(f"{r['label']}{seed} [{r['point']}]: {r['status']}{why}{probs}")
     return out
 
 
-# ----------------------------------------------------------------------------- formatting
-@dataclass(frozen=True)
-class Style:
-    pm: str = " ± "
-    dagger: str = "†"
-    ddagger: str = "‡"
-    dash: str = "—"
-    math: str = ""  # delimiter around numbers ("$" in LaTeX)
-    escape: object = staticmethod(lambda s: s)
+# ----------------------------------------------------------------------------- entry point
+def known_metrics(results: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
+    """Every metric name the table accepts for this folder: summary metrics any point recorded,
+    and final/, best/, init/ of every metric in any metrics.jsonl."""
+    skip = {"seed", "collapse_recorded", "collapsed_reason", "has_metrics"}
+    summary = [c for c in results.columns if ("/" in c or c == "collapsed_at") and c not in skip]
+    summary = [c for c in summary if c == "collapsed_at" or pd.to_numeric(results[c], errors="coerce").notna().any()]
+    derived = [f"{p}/{m}" for m in sorted(curves["metric"].unique()) for p in ("final", "best", "init")]
+    return list(dict.fromkeys(summary + derived))
 
 
-def latex_escape(s: str) -> str:
-    repl = {
-        "\\": r"\textbackslash{}",
-        "&": r"\&",
-        "%": r"\%",
-        "$": r"\$",
-        "#": r"\#",
-        "_": r"\_",
-        "{": r"\{",
-        "}": r"\}",
-        "~": r"\textasciitilde{}",
-        "^": r"\textasciicircum{}",
-        "Δ": r"$\Delta$",
-        "—": "---",
-        "±": r"$\pm$",
-        "†": r"$^\dagger$",
-        "‡": r"$^\ddagger$",
-    }
-    return "".join(repl.get(ch, ch) for ch in s)
-
-
-MD = Style()
-LATEX = Style(pm=r" \pm ", dagger=r"^{\dagger}", ddagger=r"^{\ddagger}", dash="---", math="$", escape=latex_escape)
-
-
-def format_entry(e: Entry, style: Style = MD, interval: str = "pm") -> str:
-    if e.kind == "baseline":
-        return "baseline"
-    est = e.est
-    marks = (style.dagger if e.dagger else "") + (style.ddagger if e.unpaired else "")
-    if est is None or est.n == 0:
-        if e.kind == "collapse" and e.finished:
-            return "never" + (f"{style.math}{marks}{style.math}" if marks else "") + f" (0/{e.finished})"
-        return style.dash
-    if e.below_min:
-        return f"{style.dash} (n={est.n})"
-    f = (lambda x: f"{x:+.{e.decimals}f}") if e.kind == "delta" else (lambda x: f"{x:.{e.decimals}f}")
-    core = f(est.value)
-    if not math.isnan(est.lo):
-        g = lambda x: f"{x:.{e.decimals}f}"  # noqa: E731
-        core += (
-            f" [{g(est.lo)}, {g(est.hi)}]"
-            if e.kind == "delta" or interval == "bracket"
-            else f"{style.pm}{g(est.half_width)}"
+def check_metrics(wanted: list[str], known: list[str], where: Path) -> None:
+    """An unknown metric is an error naming the closest known ones (one paragraph)."""
+    for m in wanted:
+        if m in known:
+            continue
+        close = difflib.get_close_matches(m, known, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        finals = [k for k in known if k.startswith("final/")]
+        examples = ", ".join(finals[:12]) + (f" and {len(finals) - 12} more" if len(finals) > 12 else "") or "none"
+        raise AnalysisError(
+            f"metric {m!r} (--metric) is not recorded by any point of {where}; {hint}Summary metrics are "
+            f"final/<m>, best/<m>, init/<m> of a metric in metrics.jsonl, or collapsed_at; this sweep has: {examples}."
         )
-    text = f"{style.math}{core}{marks}{style.math}"
-    return text + (f" ({e.collapsed}/{e.finished})" if e.kind == "collapse" else "")
-
-
-def _cells(table: Table, style: Style) -> tuple[list[str], list[list[str]]]:
-    header = [style.escape(h) for h in table.key_header + ["seeds"] + table.metric_header]
-    body = [
-        [style.escape(k) for k in keys] + [seeds] + [format_entry(e, style, table.interval) for e in es]
-        for keys, seeds, es in table.rows
-    ]
-    return header, body
-
-
-def to_markdown(table: Table, footer: bool = True) -> str:
-    """Pandoc-style caption, the pipe table, notes; with `footer`, provenance and missing points too."""
-    header, body = _cells(table, MD)
-    esc = lambda s: s.replace("|", r"\|")  # noqa: E731
-    nk = len(table.key_header)
-    lines = [
-        f"Table: {table.caption}",
-        "",
-        "| " + " | ".join(map(esc, header)) + " |",
-        "| " + " | ".join([":--"] * nk + ["--:"] * (len(header) - nk)) + " |",
-    ]
-    lines += ["| " + " | ".join(map(esc, row)) + " |" for row in body]
-    sections = [("Notes", table.notes)]
-    if footer:
-        sections += [("Provenance", table.provenance), (f"Missing or unfinished ({len(table.missing)})", table.missing)]
-    for title, items in sections:
-        if items:
-            lines += ["", f"{title}:"] + [f"- {i}" for i in items]
-    return "\n".join(lines) + "\n"
-
-
-def to_latex(table: Table) -> str:
-    header, body = _cells(table, LATEX)
-    nk = len(table.key_header)
-    label = "".join(ch if ch.isalnum() else "-" for ch in table.name)
-    out = [f"% harness table: sweep {table.name}"] + [f"% {p}" for p in table.provenance]
-    out += [
-        r"\begin{table}[t]",
-        r"  \centering",
-        rf"  \caption{{{latex_escape(table.caption)}}}",
-        rf"  \label{{tab:{label}}}",
-        rf"  \begin{{tabular}}{{{'l' * nk}{'r' * (len(header) - nk)}}}",
-        r"    \toprule",
-        "    " + " & ".join(header) + r" \\",
-        r"    \midrule",
-    ]
-    out += ["    " + " & ".join(row) + r" \\" for row in body]
-    out += [r"    \bottomrule", r"  \end{tabular}"]
-    foot = [latex_escape(n) for n in table.notes]
-    if table.missing:
-        foot.append(latex_escape(f"Not in the table: {'; '.join(table.missing)}."))
-    if foot:
-        out += [r"  \par\smallskip", r"  {\footnotesize " + r" \\ ".join(foot) + "}"]
-    out.append(r"\end{table}")
-    return "\n".join(out) + "\n"
-
-
-def to_html(table: Table) -> str:
-    header, body = _cells(table, MD)
-    e = html.escape
-    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>\n" for r in body)
-    notes = "".join(f"<p class='note'>{e(n)}</p>\n" for n in table.notes)
-    return (
-        f"<table>\n<caption>{e(table.caption)}</caption>\n<thead><tr>"
-        + "".join(f"<th>{e(h)}</th>" for h in header)
-        + f"</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>\n"
-        + notes
-    )
-
-
-def to_csv(table: Table) -> str:
-    buf = io.StringIO()
-    table.data.to_csv(buf, index=False, lineterminator="\n")
-    return buf.getvalue()
-
-
-def render(table: Table, fmt: str = "markdown") -> str:
-    fmt = {"md": "markdown", "tex": "latex"}.get(fmt, fmt)
-    renderers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "html": to_html}
-    if fmt not in renderers:
-        raise ValueError(f"table format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    return renderers[fmt](table)
 
 
 def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table:
-    """Load a results folder and build its table (curves are read only when a metric needs them)."""
+    """Load a results folder (points, curves, per-task results) and build its table."""
     results = load_results(path)
+    done = results[results["status"].isin(FINISHED)]
+    curves = load_curves(path, results)
+    if metrics:
+        check_metrics(list(metrics), known_metrics(results, curves), Path(path))
     wanted = list(metrics or DEFAULT_METRICS)
-    curves = None
-    if any(m not in results.columns for m in wanted):
-        bases = [m.partition("/")[2] for m in wanted if m not in results.columns]
-        curves = load_curves(path, results, metrics=[b for b in bases if b])
-    return build_table(results, curves, metrics, **kw)
+    tasks = load_tasks(Path(path), list(done["point"])) if wanted[0].startswith("final/eval_") else None
+    return build_table(results, curves, metrics, tasks=tasks, **kw)

@@ -1,4 +1,5 @@
-"""`harness table`, `harness plot`, `harness report`: a results folder -> paper table, figures, page.
+"""`harness table`, `plot`, `report`: a results folder -> paper table, figures, page;
+`harness results-doc`: a results root -> docs/results.md.
 
 Plain functions plus `register(app)`, which `harness.cli.main` calls.
 `analysis` (pandas, seaborn) is imported inside the commands, keeping `harness --help` fast.
@@ -41,8 +42,9 @@ MetricOpt = Annotated[
         "--metric",
         "-m",
         help="Metric to show; repeatable. Summary metrics (final/…, best/…, init/…, collapsed_at) "
-        "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl. Table default: final and best "
-        "eval_greedy/success, collapsed_at, final/diag/kl_k3; plot default: eval_greedy/success.",
+        "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl; the table's first metric gets the "
+        "start, final, gain and Δ columns. Table default: final/eval_greedy/success, collapsed_at, "
+        "final/diag/kl_k3; plot default: one figure per metric family.",
     ),
 ]
 
@@ -83,7 +85,7 @@ def table(
     ] = Interval.pm,
     n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 10_000,
 ) -> None:
-    """Paper table: mean ± 95% bootstrap CI over seeds per axis value, Δ to the baseline, provenance."""
+    """Paper table: start, final, gain and Δ to the baseline (paired over seeds x tasks), cost, MDE."""
     from analysis.table import render, table_for
 
     t = table_for(
@@ -113,7 +115,7 @@ def plot(
         Path | None, typer.Option("--out", "-o", help="Folder for the figures (default <results>/plots).")
     ] = None,
 ) -> None:
-    """Learning curves with 95% CI bands per axis value, and a diagnostics panel with collapse markers."""
+    """One figure per metric family (evaluation vs updates, episodes, tokens; training; diagnostics)."""
     from analysis.plot import make_plots
 
     for paths in make_plots(results, metric or None, out).values():
@@ -140,8 +142,29 @@ def report(
     print(write_report(results, format.value, out, metric or None, statistic="iqm" if iqm else "mean"))
 
 
+@_friendly
+def results_doc(
+    results: Annotated[Path, typer.Argument(help="Results root holding one folder per sweep, e.g. results.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The page to write.")] = Path("docs/results.md"),
+    sweeps: Annotated[Path, typer.Option("--sweeps", help="Folder of the shipped sweep files.")] = Path("sweeps"),
+    figures: Annotated[
+        Path | None, typer.Option("--figures", help="Folder for the PNGs (default <out dir>/figures/<sweep>/).")
+    ] = None,
+    notes: Annotated[
+        Path | None,
+        typer.Option("--notes", help="Hand-written notes, <sweep>.md each (default <out dir>/results_notes/)."),
+    ] = None,
+) -> None:
+    """Regenerate docs/results.md: every shipped sweep's table, figures, command, seeds and code
+    version, with its hand-written notes included verbatim."""
+    from analysis.results_doc import write_results_doc
+
+    print(write_results_doc(results, out, sweeps, figures, notes))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `table`, `plot` and `report` to the harness CLI."""
+    """Add `table`, `plot`, `report` and `results-doc` to the harness CLI."""
     app.command("table")(table)
     app.command("plot")(plot)
     app.command("report")(report)
+    app.command("results-doc")(results_doc)

@@ -260,6 +260,18 @@ def write_generated_block(path: Path, text: str) -> None:
     path.write_text(f"{head}{GENERATED_BEGIN}\n{text}\n{GENERATED_END}{tail}")
 
 
+def _print_presets() -> None:
+    """What each `algo.preset` sets: the keys it fills when a config leaves them unset."""
+    from algorithms import PRESETS
+
+    print("algo.preset  (sets these algo.<key> values where the config leaves them unset; custom sets none)")
+    width = max(len(p) for p in PRESETS)
+    show = lambda v: v if isinstance(v, str) else json.dumps(v)  # noqa: E731
+    for name, keys in PRESETS.items():
+        print(f"  {name:<{width}}  " + ", ".join(f"{k}={show(v)}" for k, v in keys.items()))
+    print()
+
+
 @app.command()
 def axes(
     markdown: bool = typer.Option(
@@ -293,6 +305,7 @@ def axes(
             source = f"  [{_first_line(entry.source)}]" if entry.source else ""
             print(f"  {entry.name:<{width}}  {_first_line(entry.doc)}{source}")
         print()
+    _print_presets()
     print("Config choices (set in YAML; from the schema):")
     for key, info in iter_config_fields():
         choices = literal_choices(info.annotation)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import Diverged, UnavailableError
+from harness.experiments.base_config import other_configs, warning_text
 from harness.experiments.loading import dump_config, flatten
 from harness.experiments.provenance import environment
 from harness.experiments.sweep import Point, Sweep
@@ -280,7 +281,11 @@ def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResu
     (opts.results / sweep.name).mkdir(parents=True, exist_ok=True)
     # the trainer's content-hashed caches (tiny models, SFT) live beside the results unless set
     os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
-    atomic_write_json(opts.results / sweep.name / "sweep.json", sweep.manifest())
+    folder = opts.results / sweep.name
+    found = other_configs(folder, {p.id for p in sweep.points}, sweep.base_config(), sweep.axes)
+    if found:
+        print(warning_text(folder, found), flush=True)
+    atomic_write_json(folder / "sweep.json", sweep.manifest())
     resolve_train_fn(opts.train_fn)  # fail early and clearly when the trainer is missing
     opts.env_info = opts.env_info or environment()
     if opts.mlflow_uri:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
+from harness.experiments.base_config import base_manifest, base_signature, excluded_keys
 from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
     apply_overrides,
@@ -107,10 +109,18 @@ class Sweep:
     baseline: str  # the baseline's variant slug
     seeds: list[int]
     points: list[Point] = field(default_factory=list)
+    command: str = ""  # the command line that expands to these points
+
+    def base_config(self) -> dict[str, Any]:
+        """The base signature of the sweep (harness.experiments.base_config): the baseline's
+        resolved config without the keys the axes and the seed cover."""
+        ref = next(p for p in self.points if p.variant == self.baseline).config.model_dump(mode="json")
+        return base_signature(ref, self.axes)
 
     def manifest(self) -> dict[str, Any]:
         """What results/<name>/sweep.json holds (read by `analysis`): the axes (without the seed),
-        the baseline as {axis: value} of its resolved config, and every point with its overrides."""
+        the baseline as {axis: value} of its resolved config, the command, the base config
+        (to keep points of other bases apart), and every point with its overrides."""
         axes = [a for a in self.axes if a != SEED_KEY]
         ref = next(p for p in self.points if p.variant == self.baseline).config.model_dump(mode="json")
         variants = {}
@@ -123,10 +133,12 @@ class Sweep:
             "name": self.name,
             "description": self.description,
             "source": str(self.path or ""),
+            "command": self.command,
             "axes": axes,
             "baseline": {a: get_dotted(ref, a) for a in axes},
             "baseline_variant": self.baseline,
             "seeds": self.seeds,
+            **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
             "points": [
                 {
@@ -248,11 +260,8 @@ def declared_axes(spec: SweepSpec, variants: list[tuple[str | None, dict, str]])
 
 
 def _isolation_covers(axes: list[str]) -> list[str]:
-    """Keys a declared axis may change besides itself."""
-    covered = list(axes)
-    if "env.name" in axes:  # another environment has other options (filled with its defaults)
-        covered.append("env.options")
-    return covered
+    """Keys a declared axis may change besides itself (the same keys the base config leaves out)."""
+    return excluded_keys(axes)
 
 
 def _pick_baseline(spec: SweepSpec, src: str, base: dict, by_variant: dict[str, dict[str, Any]]) -> str:
@@ -370,7 +379,9 @@ def load_sweep(
     baseline = _pick_baseline(spec, src, base, by_variant)
     _check_isolation(src, baseline, first_seed, _isolation_covers(axes))
     points = [Point(**{**p.__dict__, "is_baseline": p.variant == baseline}) for p in points]
-    return Sweep(spec.name, spec.description, path, axes, baseline, list(spec.seeds), points)
+    command = ["harness", "sweep", str(path)] + [a for o in base_overrides for a in ("-o", o)]
+    command += ["--seeds", ",".join(map(str, seeds))] if seeds is not None else []
+    return Sweep(spec.name, spec.description, path, axes, baseline, list(spec.seeds), points, shlex.join(command))
 
 
 def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:
@@ -383,4 +394,5 @@ def single_point(config_path: str | Path, overrides: list[str], name: str | None
     chash = config_hash(cfg)
     point = Point(point_id(slug, cfg.train.seed, chash), slug, None, cfg.train.seed, parsed, cfg, chash, True)
     name = name or slugify(Path(config_path).stem)
-    return Sweep(name, "", Path(config_path), list(parsed) + [SEED_KEY], slug, [cfg.train.seed], [point])
+    command = shlex.join(["harness", "run", str(config_path)] + [a for o in overrides for a in ("-o", o)])
+    return Sweep(name, "", Path(config_path), list(parsed) + [SEED_KEY], slug, [cfg.train.seed], [point], command)

@@ -273,8 +273,45 @@ def _show(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- --show
+MIN_TRIALS_FOR_IMPORTANCE = 4
+
+
+def trial_lines(ostudy: optuna.Study) -> list[str]:
+    """Every trial, in number order: state (and why, for pruned ones), value, parameters."""
+    out = []
+    for t in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
+        state = t.state.name.lower()
+        why = t.user_attrs.get("point_status")
+        value = f"{t.value:.4g}" if t.value is not None and t.state == TrialState.COMPLETE else "-"
+        params = " ".join(f"{k}={_show(v)}" for k, v in t.params.items())
+        out.append(f"  {t.number:>4}  {state + (f' ({why})' if why and why != state else ''):<18} {value:>8}  {params}")
+    return out
+
+
+def importance_lines(ostudy: optuna.Study, complete: list[optuna.trial.FrozenTrial]) -> list[str]:
+    """fANOVA importances (Optuna's default), or one line saying why they are not shown: with
+    fewer than MIN_TRIALS_FOR_IMPORTANCE complete trials, or a constant objective, a ranking of
+    parameters would be noise."""
+    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
+        return [
+            f"parameter importances: not shown: {len(complete)} complete trial(s); at least "
+            f"{MIN_TRIALS_FOR_IMPORTANCE} are needed for a ranking that is not noise"
+        ]
+    values = {t.value for t in complete}
+    if len(values) == 1:
+        return [f"parameter importances: not shown: every complete trial has the same objective ({values.pop():.4g})"]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importances = optuna.importance.get_param_importances(ostudy)
+    except Exception as e:  # noqa: BLE001 - e.g. a parameter with a single value
+        return [f"parameter importances: not available: {type(e).__name__}: {e}"]
+    width = max((len(k) for k in importances), default=0)
+    return ["parameter importances:"] + [f"  {k:<{width}}  {v:.3f}" for k, v in importances.items()]
+
+
 def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]:
-    """The study's counts, the best trial (values, points) and parameter importances."""
+    """The study's counts, every trial, the best trial (values, points) and parameter importances."""
     counts = _counts(ostudy)
     obj = study.spec.objective
     summary = ", ".join(f"{n} {s.name.lower()}" for s, n in counts.items() if n)
@@ -282,6 +319,8 @@ def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]
         f"study {study.name}: {sum(counts.values())} trials ({summary or 'none yet'}); objective: {obj.direction} "
         f"{obj.metric} ({obj.at}), mean over seeds {study.spec.seeds}"
     ]
+    if sum(counts.values()):
+        lines += ["trials:", f"  {'#':>4}  {'state':<18} {'value':>8}  parameters"] + trial_lines(ostudy)
     complete = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         return lines + ["no complete trial yet"]
@@ -289,17 +328,7 @@ def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]
     lines.append(f"best trial {best.number}: {obj.metric} = {best.value:.4g}")
     lines += [f"  {k} = {_show(v)}" for k, v in best.params.items()]
     lines += [f"  point: {Path(results) / study.name / p}" for p in best.user_attrs.get("points", [])]
-    lines.append("parameter importances:")
-    if len(complete) < 2:
-        return lines + [f"  not available: need at least 2 complete trials (have {len(complete)})"]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importances = optuna.importance.get_param_importances(ostudy)
-    except Exception as e:  # noqa: BLE001 - too few or identical trials
-        return lines + [f"  not available: {type(e).__name__}: {e}"]
-    width = max((len(k) for k in importances), default=0)
-    return lines + [f"  {k:<{width}}  {v:.3f}" for k, v in importances.items()]
+    return lines + importance_lines(ostudy, complete)
 
 
 def show_study(study: TuneStudy, results: Path, storage_url: str | None) -> list[str]:

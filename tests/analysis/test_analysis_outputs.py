@@ -28,8 +28,9 @@ def test_plot_command_writes_png_and_svg(cli, clip_sweep, tmp_path):
     r = cli("plot", clip_sweep, "--out", tmp_path / "figs")
     assert r.exit_code == 0, r.output
     figs = {p.name for p in (tmp_path / "figs").iterdir()}
-    assert figs == {f"{stem}.{ext}" for stem in ("curves_eval_greedy_success", "diagnostics") for ext in ("png", "svg")}
-    for stem in ("curves_eval_greedy_success", "diagnostics"):
+    stems = ("evaluation", "training", "diagnostics")
+    assert figs == {f"{stem}.{ext}" for stem in stems for ext in ("png", "svg")}
+    for stem in stems:
         png, svg = tmp_path / "figs" / f"{stem}.png", tmp_path / "figs" / f"{stem}.svg"
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 1000
         assert svg.stat().st_size > 1000 and b"<svg" in svg.read_bytes()[:1000]
@@ -73,12 +74,12 @@ def test_table_and_report_commands(cli, clip_sweep, tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "t.tex").read_text(encoding="utf-8").count(r"\toprule") == 1
     r = cli("table", clip_sweep, "-m", "final/eval_greedy/success", "--iqm", "--min-seeds", "2")
-    assert r.exit_code == 0 and "IQM" in r.output and "| dual | 3/3 | 0.75" in r.output
+    assert r.exit_code == 0 and "IQM" in r.output and "| dual | 3/3 | 0.00 ± 0.00 | 0.75" in r.output
     r = cli("report", clip_sweep, "--format", "html", "--out", tmp_path / "site" / "index.html")
     assert r.exit_code == 0, r.output
     html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
-    assert "<table>" in html and "src='plots/curves_eval_greedy_success.png'" in html
-    assert (tmp_path / "site" / "plots" / "curves_eval_greedy_success.svg").exists()
+    assert "<table>" in html and "src='plots/evaluation.png'" in html
+    assert (tmp_path / "site" / "plots" / "evaluation.svg").exists()
 
 
 def test_cli_bad_input_is_one_paragraph_exit_2(cli, tmp_path):
@@ -90,7 +91,8 @@ def test_cli_bad_input_is_one_paragraph_exit_2(cli, tmp_path):
 
 def test_analysis_never_imports_torch_or_the_trainer():
     code = (
-        "import sys, analysis, analysis.table, analysis.plot, analysis.report, harness.cli.analysis; "
+        "import sys, analysis, analysis.table, analysis.plot, analysis.report, analysis.results_doc, "
+        "harness.cli.analysis; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.rl.trainer'))]; "
         "assert not bad, bad"
     )

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from synthetic import make_clip_sweep
 
+from analysis.load import AnalysisError
 from analysis.table import render, table_for
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -41,7 +42,8 @@ def test_delta_is_the_known_shift_and_pairing_is_reported(clip_sweep):
     assert bool(data.loc["dual", "delta:paired"]) is True
     assert bool(data.loc["none", "delta:paired"]) is False  # seed 2 failed: seeds differ from the baseline
     assert data.loc["none", "delta"] == pytest.approx((0.125 + 0.25) / 2 - 0.5)
-    assert data.loc["ppo", "final/eval_greedy/success"] == pytest.approx(0.5)
+    assert data.loc["ppo", "final"] == pytest.approx(0.5)
+    assert data.loc["dual", "gain"] == pytest.approx(0.75) and data.loc["dual", "start"] == 0
     assert data.loc["none", "seeds"] == 2 and data.loc["none", "requested"] == 3
     assert data.loc["none", "collapsed_at"] == pytest.approx(7)
 
@@ -78,11 +80,12 @@ def test_partial_sweep_nothing_finished_in_a_cell(tmp_path):
         assert render(t, fmt)
 
 
-def test_explicit_unknown_metric_is_a_dash_column_with_a_note(clip_sweep):
-    text = render(table_for(clip_sweep, ["final/eval_greedy/success", "final/diag/nope"]), "markdown")
-    header, ppo_row = text.splitlines()[2], text.splitlines()[4]
-    assert header.endswith("| final/diag/nope | Δ final success |") and ppo_row.endswith("| — | baseline |")
-    assert "Not recorded by any finished point: final/diag/nope." in text
+def test_unknown_metric_is_an_error_with_a_did_you_mean(clip_sweep):
+    with pytest.raises(AnalysisError, match="did you mean final/eval_greedy/success"):
+        table_for(clip_sweep, ["final/eval_greedy/sucess"])
+    with pytest.raises(AnalysisError, match="'final/diag/nope' .* not recorded by any point"):
+        table_for(clip_sweep, ["final/eval_greedy/success", "final/diag/nope"])
+    assert table_for(clip_sweep, ["best/diag/kl_k3"])  # derived from metrics.jsonl: known
 
 
 def test_no_sweep_json_still_builds(tmp_path):
@@ -99,7 +102,7 @@ def test_unknown_format_names_the_choices(clip_sweep):
 def test_diverged_runs_are_results_and_said_so(clip_sweep):
     (clip_sweep / "clip.level=dual__seed1" / "status").write_text("diverged\n")
     text = render(table_for(clip_sweep), "markdown")
-    assert "| dual | 3/3 | 0.75 ± 0.25 |" in text
+    assert "| dual | 3/3 | 0.00 ± 0.00 | 0.75 ± 0.25 |" in text
     assert "Diverged runs count as results, with the metrics they had when stopped: dual seed 1." in text
 
 
@@ -108,4 +111,4 @@ def test_stray_point_without_seed_or_config_is_listed(clip_sweep):
     (clip_sweep / "stray" / "status").write_text("running\n")
     t = table_for(clip_sweep)
     assert any(m.endswith("[stray]: running (no config.yaml; no summary.json)") for m in t.missing)
-    assert "| ppo | 3/3 | 0.50 ± 0.25 |" in render(t, "markdown")
+    assert "| ppo | 3/3 | 0.00 ± 0.00 | 0.50 ± 0.25 |" in render(t, "markdown")

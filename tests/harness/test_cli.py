@@ -63,6 +63,12 @@ def test_axes_lists_every_registered_value_and_the_schema_choices():
             assert f"  {name}" in out.stdout
     assert "context.policy: full | window | obs_truncate | single" in out.stdout
     assert "algo.kl.where: loss | reward" in out.stdout
+    presets = out.stdout.split("algo.preset  (")[1].split("\n\n")[0]
+    for name, keys in algorithms.PRESETS.items():  # what each preset sets
+        line = next(row for row in presets.splitlines() if row.split()[0] == name)
+        assert all(f"{k}=" in line for k in keys), line
+    assert "  ppo  " in presets and "adv.estimator=gae" in presets and "critic.enabled=true" in presets
+    assert "refills the batch only with algo.filter.max_extra_rounds > 0" in out.stdout
 
 
 def test_envs_and_config_docs():

@@ -86,6 +86,35 @@ def test_rerun_skips_done_points(tmp_path):
         assert len(calls(tmp_path / "results" / "s" / p.id)) == 1
 
 
+def test_a_second_run_with_another_base_warns_and_is_never_pooled(tmp_path, capsys):
+    from analysis.report import write_report
+    from analysis.table import table_for
+
+    path, folder = make_sweep(tmp_path), tmp_path / "results" / "s"
+    run_sweep(load_sweep(path), opts(tmp_path))
+    assert "another base config" not in capsys.readouterr().out
+    second = load_sweep(path, ["train.updates=3"])
+    run_sweep(second, opts(tmp_path))
+    out = capsys.readouterr().out
+    assert "already holds 4 point(s) of another base config (4 with train.updates = 6 there, 3 here)" in out
+    manifest = json.loads((folder / "sweep.json").read_text())
+    assert manifest["command"] == f"harness sweep {path} -o train.updates=3"
+    assert manifest["base_config"]["train.updates"] == 3 and "algo.lr" not in manifest["base_config"]
+    run_sweep(load_sweep(path, ["train.updates=3"], [0, 1, 2]), opts(tmp_path))  # more seeds: same base
+    assert "already holds 4 point(s)" in capsys.readouterr().out  # only the updates=6 points
+    data = table_for(folder, ["final/success"]).data
+    assert sorted(data["config_group"]) == ["", "", "train.updates=6", "train.updates=6"]
+    for group, updates, seeds in (("", 3, (0, 1, 2)), ("train.updates=6", 6, (0, 1))):
+        rows = data[data["config_group"] == group].set_index("algo.lr")  # axis values as shown: text
+        for lr, row in rows.iterrows():
+            mean = sum(fake_trainer.metric(s, updates, float(lr)) for s in seeds) / len(seeds)
+            assert row["final"] == pytest.approx(mean)  # never pooled across the two bases
+        assert rows.loc["0.0002", "delta"] == pytest.approx(1.0e-4)  # Δ to the baseline of its own base
+    text = write_report(folder).read_text()
+    assert "6 of 6 points of this sweep's config finished (6 done)" in text
+    assert "4 points of other base configs (train.updates=6: 4 done)" in text
+
+
 def test_failures_do_not_stop_the_sweep_and_are_retried_only_on_request(tmp_path):
     points = (
         "  - {label: bad, model.name: fake-fail}\n  - {label: flaky, model.name: fake-flaky}\n"

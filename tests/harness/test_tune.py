@@ -303,14 +303,36 @@ def test_show_prints_best_trial_and_importances(tmp_path):
     assert harness("tune", str(path), "--results", str(results), "--no-mlflow").returncode == 0
     out = harness("tune", str(path), "--results", str(results), "--show")
     assert out.returncode == 0 and "best trial 0: eval_greedy/success =" in out.stdout
-    assert "need at least 2 complete trials (have 1)" in out.stdout
+    assert "parameter importances: not shown: 1 complete trial(s); at least 4 are needed" in out.stdout
     assert harness("tune", str(path), "--results", str(results), "--no-mlflow", "--n-trials", "5").returncode == 0
     out = harness("tune", str(path), "--results", str(results), "--show")
     best = max(finished(trials(results)), key=lambda t: t.value)
     assert f"best trial {best.number}: eval_greedy/success = {best.value:.4g}" in out.stdout
     assert "study s: 5 trials (5 complete)" in out.stdout
+    listed = out.stdout.split("trials:\n")[1].split("best trial")[0].splitlines()[1:]
+    assert [int(line.split()[0]) for line in listed] == [0, 1, 2, 3, 4]  # every trial, not only the best
+    assert all(" complete " in line and "algo.lr=" in line for line in listed)
     importances = out.stdout.split("parameter importances:\n")[1].split()
     assert importances[0] == "algo.lr" and "rollout.group_size" in importances  # lr drives the fake metric
+
+
+def test_importances_are_suppressed_for_a_constant_objective(tmp_path):
+    from optuna.distributions import FloatDistribution
+
+    from harness.experiments.tuner import describe
+
+    ostudy = optuna.create_study(direction="maximize")
+    for i in range(5):
+        ostudy.add_trial(
+            optuna.trial.create_trial(
+                params={"algo.lr": 1e-4 * (i + 1)},
+                distributions={"algo.lr": FloatDistribution(1e-4, 1e-2)},
+                value=0.5,
+            )
+        )
+    lines = describe(load_study(study_file(tmp_path)), ostudy, tmp_path)
+    assert lines[-1] == "parameter importances: not shown: every complete trial has the same objective (0.5)"
+    assert sum(line.split()[1:2] == ["complete"] for line in lines) == 5  # every trial is listed
 
 
 # ----------------------------------------------------------------------------- the shipped study, real trainer

@@ -1,0 +1,157 @@
+"""The columns of the table that show what changed: start, final, gain, Δ to the baseline, Δ at
+equal episodes, cost, and the minimum detectable effect.
+
+With per-task results (eval_tasks.jsonl) every estimate is over the seeds x tasks grid: a
+two-level bootstrap (seeds and tasks resampled independently), with gain (final - start, same
+point) and Δ (cell - its group's baseline) paired by seed and task. Without them the grid has
+one column per seed (the summary's value), and everything reduces to the per-seed bootstrap.
+
+Compute-matched comparison: when a cell's mean episode budget differs from its baseline's by
+more than COST_TOLERANCE, `Δ @ equal episodes` compares both at the smaller of the two budgets,
+each seed's scores interpolated linearly (task by task) between the two evaluations around it.
+Matching at the smaller budget never extrapolates a curve past its last evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.stats import Components, Difference, Power, crossed_bootstrap, mde80, pooled_components
+from analysis.tasks import Scores, at_budget
+
+COST_TOLERANCE = 0.05
+START, FINAL, GAIN, DELTA, MATCHED = "start", "final", "gain", "Δ", "Δ@"
+COST = {"episodes": "cost/episodes", "tokens": "cost/generated_tokens", "wall": "cost/wall_s"}
+
+
+@dataclass
+class Block:
+    """Estimates per cell and column, and what the notes need."""
+
+    columns: list[str]
+    est: dict[str, dict[str, Difference | None]] = field(default_factory=dict)  # cell -> column -> estimate
+    paired: dict[str, bool] = field(default_factory=dict)  # cell -> Δ paired by seed
+    cost: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> episodes/tokens/wall (mean)
+    budget: dict[str, float] = field(default_factory=dict)  # cell -> the budget Δ@ compares at
+    base_cells: set[str] = field(default_factory=set)  # the baseline cell of each config group
+    diffs: list[np.ndarray] = field(default_factory=list)  # paired Δ grids of the sweep's own group
+    gain_grids: dict[str, np.ndarray] = field(default_factory=dict)  # cell -> paired gain grid
+    tasks: int = 0
+
+
+def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:
+    return at_budget(scores, point, when) if isinstance(when, float) else scores.at(point, when)
+
+
+def grids(scores: Scores, arms: list[list[tuple[str, str | float]]]) -> list[np.ndarray]:
+    """One (rows, tasks) array per arm of (point, when) rows, on the tasks every row evaluated."""
+    cols = [[_series(scores, p, w) for p, w in arm] for arm in arms]
+    if any(s is None for arm in cols for s in arm) or not all(cols):
+        return [np.empty((0, 0)) for _ in arms]
+    frame = pd.concat([s for arm in cols for s in arm], axis=1, ignore_index=True).dropna()
+    out, i = [], 0
+    for arm in cols:
+        out.append(frame.iloc[:, i : i + len(arm)].to_numpy(dtype=float).T)
+        i += len(arm)
+    return out
+
+
+def _seeds(rows: pd.DataFrame, scores: Scores, when: str) -> dict[int, str]:
+    """{seed: point} of the finished rows that have scores at `when` (a seed-less point gets a
+    negative key of its own, so it never pairs)."""
+    out = {}
+    for i, (p, s) in enumerate(zip(rows["point"], rows["seed"])):
+        if scores.at(p, when) is not None:
+            out[-1 - i if pd.isna(s) else int(s)] = p
+    return out
+
+
+def _estimate(grid: list[np.ndarray], paired: bool, boot: dict) -> Difference | None:
+    if grid[0].size == 0 or (len(grid) > 1 and grid[1].size == 0):
+        return None
+    return crossed_bootstrap(grid[0], grid[1] if len(grid) > 1 else None, paired=paired, **boot)
+
+
+def _cell(block: Block, c: str, rows: pd.DataFrame, scores: Scores, boot: dict) -> None:
+    starts, finals = _seeds(rows, scores, "start"), _seeds(rows, scores, "final")
+    e = block.est.setdefault(c, {})
+    e[START] = _estimate(grids(scores, [[(p, "start") for p in starts.values()]]), True, boot)
+    e[FINAL] = _estimate(grids(scores, [[(p, "final") for p in finals.values()]]), True, boot)
+    both = [p for s, p in finals.items() if s in starts]
+    gain = grids(scores, [[(p, "final") for p in both], [(p, "start") for p in both]])
+    e[GAIN] = _estimate(gain, True, boot)
+    if gain[0].size:
+        block.gain_grids[c] = gain[0] - gain[1]
+
+
+def _delta(block: Block, c: str, rows, base_rows, scores: Scores, boot: dict, own_group: bool, when) -> Difference:
+    """Cell minus baseline at `when` ('final' or an episode budget); paired when the seeds match."""
+    a, b = _seeds(rows, scores, "final"), _seeds(base_rows, scores, "final")
+    paired = set(a) == set(b)
+    left = [(a[s], when) for s in (sorted(a) if paired else a)]
+    right = [(b[s], when) for s in (sorted(b) if paired else b)]
+    grid = grids(scores, [left, right])
+    if own_group and paired and grid[0].size and when == FINAL:
+        block.diffs.append(grid[0] - grid[1])
+    block.paired[c] = paired
+    return _estimate(grid, paired, boot)
+
+
+def _cost(rows: pd.DataFrame, totals: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean over the cell's finished seeds of each cost total (NaN where none is known)."""
+    out = {}
+    for name in COST:
+        vals = [totals[name].get(p, math.nan) for p in rows["point"]]
+        vals = [v for v in vals if not math.isnan(v)]
+        out[name] = float(np.mean(vals)) if vals else math.nan
+    return out
+
+
+def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, boot: dict) -> Block:
+    """The start/final/gain/Δ (and Δ@ when costs differ) estimates of every cell."""
+    has_start = any(scores.at(p, "start") is not None for p in done["point"])
+    block = Block([START, FINAL, GAIN] if has_start else [FINAL])
+    for c in cells:
+        _cell(block, c, done[done["cell"] == c], scores, boot)
+        block.cost[c] = _cost(done[done["cell"] == c], totals)
+    first = {c: done[done["cell"] == c].iloc[0] if (done["cell"] == c).any() else None for c in cells}
+    bases = {c: (r["baseline_cell"] if r is not None else None) for c, r in first.items()}
+    block.base_cells = {b for b in bases.values() if b}
+    if block.base_cells:
+        block.columns.append(DELTA)
+    for c in cells:
+        base = bases[c]
+        if base is None or c == base or not (done["cell"] == base).any():
+            continue
+        own = not (first[c]["config_group"] or "")
+        base_rows = done[done["cell"] == base]
+        block.est[c][DELTA] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, FINAL)
+        ec, eb = block.cost[c]["episodes"], block.cost[base]["episodes"]
+        if not (math.isnan(ec) or math.isnan(eb)) and abs(ec / eb - 1) > COST_TOLERANCE:
+            block.budget[c] = min(ec, eb)
+            when = float(block.budget[c])
+            block.est[c][MATCHED] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, when)
+    if block.budget:
+        block.columns.append(MATCHED)
+    block.tasks = scores.tasks
+    return block
+
+
+def power(block: Block, n: int, m: int) -> tuple[Power | None, str]:
+    """MDE_80 of Δ for n seeds x m tasks, from the pooled variance components of the paired Δ
+    grids of the sweep's own config (else of the baseline's gain); (None, why) when not estimable."""
+    from analysis.stats import variance_components
+
+    source = "the paired Δ of every cell"
+    parts = [c for c in (variance_components(d) for d in block.diffs) if c is not None]
+    if not parts:
+        source = "the baseline's paired gain"
+        parts = [c for c in (variance_components(d) for d in list(block.gain_grids.values())[:1]) if c is not None]
+    if not parts or n < 2:
+        return None, "needs at least 2 seeds with paired results"
+    comp: Components = pooled_components(parts)
+    return mde80(comp, n, m), source

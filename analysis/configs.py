@@ -1,0 +1,77 @@
+"""One sweep, one config: which points of a results folder share the sweep's base config.
+
+Two runs of one sweep file with different base settings (e.g. a second run with
+`-o train.updates=6`) land in the same folder with the same axis values. Points whose resolved
+config differs from the sweep's base in a key that no axis covers are another *config group*:
+they are labelled by the keys that differ (`train.updates=14`), never pooled with the sweep's
+own points, and compared only with the baseline of their own group.
+
+The reference is `base_config` of sweep.json (the resolved base without the keys the axes and
+the seed cover, written by `harness sweep`); for older manifests, the config of a point the
+manifest lists (its baseline first).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SEED_KEY = "train.seed"
+LABEL_KEYS = 2  # differing keys named in a label; the rest are counted
+
+
+def covers(axis: str, key: str) -> bool:
+    """True when dotted `key` is `axis`, lies under it, or holds it."""
+    return key == axis or key.startswith(axis + ".") or axis.startswith(key + ".")
+
+
+def excluded(axes: list[str]) -> list[str]:
+    """Keys a point may change without leaving the sweep's config: the axes, the seed, and the
+    environment's options when the environment is an axis (as the sweep's axis isolation)."""
+    return [*axes, SEED_KEY] + (["env.options"] if "env.name" in axes else [])
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def signature(flat: dict[str, Any], skip: list[str]) -> dict[str, str]:
+    """The flattened config without the skipped keys, values in canonical JSON."""
+    return {k: _canon(v) for k, v in flat.items() if not any(covers(a, k) for a in skip)}
+
+
+def differing(sig: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
+    """(key, this point's value) for every key whose value differs from the reference."""
+    keys = sorted(set(sig) | set(ref))
+    return [(k, json.loads(sig[k]) if k in sig else "(unset)") for k in keys if sig.get(k) != ref.get(k)]
+
+
+def diff_text(diff: list[tuple[str, Any]], limit: int | None = LABEL_KEYS) -> str:
+    """'train.updates=14, algo.lr=0.001 (+2 keys)' (limit None: every key)."""
+    shown = diff if limit is None else diff[:limit]
+    text = ", ".join(f"{k}={v if isinstance(v, str) else _canon(v)}" for k, v in shown)
+    more = len(diff) - len(shown)
+    return text + (f" (+{more} keys)" if more else "")
+
+
+def reference(raw: dict | None, configs: dict[str, dict[str, Any]], manifest_points: list[dict], skip: list[str]):
+    """The sweep's base signature: sweep.json's `base_config`, else a listed point's config."""
+    if isinstance(raw, dict) and isinstance(raw.get("base_config"), dict):
+        return {k: _canon(v) for k, v in raw["base_config"].items() if not any(covers(a, k) for a in skip)}
+    listed = sorted(manifest_points, key=lambda p: p.get("is_baseline") is not True)
+    for p in listed:
+        if str(p["id"]) in configs:
+            return signature(configs[str(p["id"])], skip)
+    return None
+
+
+def config_groups(
+    raw: dict | None, configs: dict[str, dict[str, Any]], manifest_points: list[dict], axes: list[str]
+) -> dict[str, list[tuple[str, Any]]]:
+    """{point id: differing (key, value) pairs}; an empty list = the sweep's own config (also for
+    points without a config.yaml, which have no results to pool)."""
+    skip = list(raw.get("base_excluded") or excluded(axes)) if isinstance(raw, dict) else excluded(axes)
+    ref = reference(raw, configs, manifest_points, skip)
+    if ref is None:
+        return {pid: [] for pid in configs}
+    return {pid: differing(signature(flat, skip), ref) for pid, flat in configs.items()}

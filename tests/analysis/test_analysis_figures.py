@@ -1,0 +1,147 @@
+"""Figures a reader reads at a glance: no legend or title over an axes, no collapsed axes, fixed
+panel sizes, the point labels in the legend, grid sweeps in colour x line style, sane axes."""
+
+import json
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+from synthetic import base_config, curve_rows, make_clip_sweep, write_point
+from synthetic_tasks import add_other_config, make_task_sweep
+
+from analysis.layout import BOX, DPI, overlaps
+from analysis.plot import figures, save
+
+LONG = "a-rather-long-variant-label-that-names-three-settings"
+
+
+def make_grid_sweep(root, levels=("token", "sequence", "none"), aggs=("token-mean", "seq-mean-token-mean")):
+    points = []
+    for i, level in enumerate(levels):
+        for j, agg in enumerate(aggs):
+            for seed in (0, 1):
+                cfg = base_config(level, seed)
+                cfg["algo"]["agg"] = agg
+                pid = f"{level}-{agg}-{seed}"
+                final = 0.125 * (i + 2 * j + 1)
+                write_point(root, pid, cfg, "done", {"final/eval_greedy/success": final}, curve_rows(final, seed, None))
+                overrides = {"algo.clip.level": level, "algo.agg": agg}
+                points.append(
+                    {"id": pid, "variant": f"{level}-{agg}", "label": None, "seed": seed, "overrides": overrides}
+                )
+    axes = ["algo.clip.level", "algo.agg"]
+    baseline = {"algo.clip.level": levels[0], "algo.agg": aggs[0]}
+    (root / "sweep.json").write_text(
+        json.dumps({"name": "grid", "axes": axes, "baseline": baseline, "seeds": [0, 1], "points": points})
+    )
+    return root
+
+
+def make_many_cells(root, n=16):
+    points = []
+    for i in range(n):
+        cfg = base_config(f"v{i}", 0)
+        write_point(root, f"p{i}", cfg, "done", {"final/eval_greedy/success": 0.5}, curve_rows(i / n, 0, None))
+        label = f"{LONG}-{i}"
+        points.append(
+            {"id": f"p{i}", "variant": f"v{i}", "label": label, "seed": 0, "overrides": {"algo.clip.level": f"v{i}"}}
+        )
+    (root / "sweep.json").write_text(
+        json.dumps(
+            {
+                "name": "many",
+                "axes": ["algo.clip.level"],
+                "baseline": {"algo.clip.level": "v0"},
+                "seeds": [0],
+                "points": points,
+            }
+        )
+    )
+    return root
+
+
+@pytest.fixture(params=["clip", "tasks+other config", "grid", "many cells"])
+def sweep_root(request, tmp_path):
+    if request.param == "clip":
+        return make_clip_sweep(tmp_path / "clip")
+    if request.param == "grid":
+        return make_grid_sweep(tmp_path / "grid")
+    if request.param == "many cells":
+        return make_many_cells(tmp_path / "many")
+    root = make_task_sweep(tmp_path / "filters")
+    add_other_config(root)
+    return root
+
+
+def test_no_legend_or_title_over_an_axes_and_no_collapsed_axes(sweep_root, tmp_path):
+    figs = figures(sweep_root)
+    assert {"evaluation", "diagnostics"} <= set(figs)
+    for name, fig in figs.items():
+        assert overlaps(fig) == [], name
+        for ax in (a for a in fig.axes if a.get_visible()):  # every panel at the fixed size
+            box = ax.get_window_extent(fig.canvas.get_renderer())
+            assert (box.width / DPI, box.height / DPI) == pytest.approx((BOX.panel_w, BOX.panel_h), abs=0.02), name
+    (png,) = save(figs["evaluation"], tmp_path, "evaluation", ("png",))  # the saved file is the figure checked
+    assert Image.open(png).size == pytest.approx(tuple(figs["evaluation"].get_size_inches() * DPI), abs=1)
+
+
+def test_the_checker_catches_an_overlapping_legend_and_a_collapsed_axes():
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], label="ppo")
+    ax.legend(title="algo.clip.level, algo.clip.eps_low, algo.clip.eps_high", loc="center")
+    assert "legend overlaps axes 0" in overlaps(fig)
+    squeezed = Figure(figsize=(5, 3), layout="constrained")
+    FigureCanvasAgg(squeezed)
+    axes = squeezed.subplots(1, 2)
+    for i in range(12):
+        axes[0].plot([0, 1], [i, i], label=f"{LONG}-{i}")
+    squeezed.legend(loc="outside right upper")  # the layout engine gives up: the legend covers the panels
+    with pytest.warns(UserWarning, match="constrained_layout not applied"):
+        assert "legend overlaps axes 0" in overlaps(squeezed)
+    tiny = Figure(figsize=(5, 3))
+    FigureCanvasAgg(tiny)
+    tiny.add_axes((0.1, 0.1, 0.8, 0.1))
+    assert overlaps(tiny) == ["axes 0 is 4.00 x 0.30 in"]
+
+
+def test_legend_names_points_by_label_and_grid_uses_colour_and_line_style(tmp_path):
+    fig = figures(make_grid_sweep(tmp_path / "grid"))["evaluation"]
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[0] == "clip.level=token, algo.agg=token-mean" and len(labels) == 6
+    assert legend.get_title().get_text() == ""  # not the joined axis keys
+    lines = {lab: h for lab, h in zip(labels, legend.legend_handles)}
+    same_level = [
+        lines["clip.level=token, algo.agg=token-mean"],
+        lines["clip.level=token, algo.agg=seq-mean-token-mean"],
+    ]
+    assert same_level[0].get_color() == same_level[1].get_color()
+    assert same_level[0].get_linestyle() != same_level[1].get_linestyle()
+    assert same_level[0].get_marker() != same_level[1].get_marker()
+    same_agg = [lines["clip.level=token, algo.agg=token-mean"], lines["clip.level=none, algo.agg=token-mean"]]
+    assert same_agg[0].get_color() != same_agg[1].get_color()
+    assert same_agg[0].get_linestyle() == same_agg[1].get_linestyle()
+
+
+def test_axes_ticks_limits_and_titles(tmp_path):
+    root = make_task_sweep(tmp_path / "filters")
+    figs = figures(root)
+    ev = figs["evaluation"]
+    title = ev._suptitle.get_text().replace("\n", " ")
+    assert "held-out split of 8 tasks, 8 episodes per evaluation, greedy and sampled decoding" in title
+    assert "evaluated every 2 updates" in title and "mean over 3 seeds" in title
+    panels = {ax.get_title(): ax for ax in ev.axes}
+    assert set(panels) >= {"greedy success vs update", "greedy success vs episodes generated"}
+    lo, hi = panels["greedy success vs update"].get_ylim()
+    assert lo >= -0.03 and hi <= 1.03 and hi - lo >= 0.5  # never zoomed in so far that 1/8 is a cliff
+    ticks = [t for t in panels["greedy success vs update"].get_xticks() if 0 <= t <= 4]
+    assert all(float(t).is_integer() for t in ticks)
+    diag = {ax.get_title(): ax for ax in figs["diagnostics"].axes}
+    assert diag["KL to reference (k3)"].get_ylim()[0] <= 0  # a non-negative quantity is drawn from 0
+    other = make_task_sweep(tmp_path / "f2")
+    add_other_config(other)
+    (legend,) = figures(other)["evaluation"].legends
+    assert "dapo [train.updates=6]" in [t.get_text() for t in legend.get_texts()]

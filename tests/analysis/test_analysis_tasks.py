@@ -1,0 +1,137 @@
+"""The table over seeds x tasks (eval_tasks.jsonl): known start, final, gain, Δ, Δ at equal episodes,
+cost, MDE, captions, the per-seed fallback, other base configs in the folder, and the CLI."""
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+import typer
+from synthetic import make_clip_sweep
+from synthetic_tasks import SEEDS, TASKS, add_other_config, make_task_sweep, task_rows
+from typer.testing import CliRunner
+
+from analysis.render import render
+from analysis.stats import crossed_bootstrap, mde80, pooled_components, variance_components
+from analysis.table import table_for
+from harness.cli.analysis import register
+
+
+def data(root, *metrics, **kw) -> pd.DataFrame:
+    return pd.read_csv(io.StringIO(render(table_for(root, list(metrics) or None, **kw), "csv"))).set_index(
+        "filter.name"
+    )
+
+
+def grid(level: str, update: int, seeds=SEEDS, mode="greedy") -> np.ndarray:
+    """(seeds, tasks) scores built from the fixture's rows, independently of analysis.tasks."""
+    out = np.zeros((len(seeds), TASKS))
+    for i, s in enumerate(seeds):
+        rows = [r for r in task_rows(level, s, 4) if r["update"] == update and r["mode"] == mode]
+        for r in rows:
+            out[i, r["task"] - 100] += r["success"] / (1 if mode == "greedy" else 2)
+    return out
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    return make_task_sweep(tmp_path / "filters")
+
+
+def test_start_final_gain_and_delta_are_the_known_values(sweep):
+    d = data(sweep)
+    assert d.loc["none", "start"] == pytest.approx(7 / 24) and d.loc["none", "final"] == pytest.approx(13 / 24)
+    assert d.loc["none", "gain"] == pytest.approx(0.25)
+    assert d.loc["ragen_top_p", "delta"] == pytest.approx(0.25) and d.loc["dapo", "delta"] == pytest.approx(0.25)
+    assert bool(d.loc["dapo", "delta:paired"]) and d.loc["dapo", "delta:n"] == 3
+    gain = crossed_bootstrap(grid("none", 4), grid("none", 0))  # the two-level bootstrap of the paired grid
+    assert (d.loc["none", "gain:lo"], d.loc["none", "gain:hi"]) == pytest.approx((gain.lo, gain.hi))
+    delta = crossed_bootstrap(grid("dapo", 4), grid("none", 4))
+    assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((delta.lo, delta.hi))
+    assert d.loc["none", "final:hi"] - d.loc["none", "final:lo"] > 0.2  # 8 tasks: the tasks' spread counts
+
+
+def test_cost_and_the_compute_matched_delta(sweep):
+    d = data(sweep)
+    assert d.loc["dapo", "episodes"] == 160 and d.loc["none", "episodes"] == 64 and d.loc["dapo", "wall"] == 1500
+    # dapo at the baseline's 64 episodes: 0.8 of the way from update 0 (0 episodes) to update 2 (80)
+    assert d.loc["dapo", "equal_episodes_budget"] == 64
+    assert d.loc["dapo", "delta@equal_episodes"] == pytest.approx((0.2 * 7 + 0.8 * 13) / 24 - 13 / 24)
+    assert np.isnan(d.loc["ragen_top_p", "delta@equal_episodes"])  # same cost: nothing to match
+    text = render(table_for(sweep), "markdown")
+    dapo = next(line for line in text.splitlines() if line.startswith("| dapo"))
+    assert "| -0.05 [" in dapo and "160 (×2.50)" in dapo and "25.0 min (×2.50)" in dapo
+    assert "| same cost |" in next(line for line in text.splitlines() if line.startswith("| ragen_top_p"))
+
+
+def test_caption_says_split_tasks_decoding_and_episodes(sweep):
+    t = table_for(sweep)
+    assert "held-out success rate, greedy decoding, 8 held-out tasks x 1 sample each (8 episodes per evaluation)" in (
+        t.caption
+    )
+    assert "two-level bootstrap that resamples seeds and tasks" in t.caption and "after update 4" in t.caption
+    s = table_for(sweep, ["final/eval_sampled/success"])
+    assert "sampled decoding, 8 held-out tasks x 2 samples each (16 episodes per evaluation)" in s.caption
+    d = data(sweep, "final/eval_sampled/success")
+    assert d.loc["none", "final"] == pytest.approx(grid("none", 4, mode="sampled").mean())
+
+
+def test_mde_is_printed_under_the_table(sweep):
+    t = table_for(sweep)
+    parts = [variance_components(grid(c, 4) - grid("none", 4)) for c in ("ragen_top_p", "dapo")]
+    pw = mde80(pooled_components(parts), 3, TASKS)
+    line = next(s for s in t.summary if s.startswith("Minimum detectable effect"))
+    assert f"for 3 seeds x 8 tasks: {pw.mde:.3g} = {pw.multiplier:.2f} x SE {pw.se:.3g}" in line
+    assert not any(s.startswith("Warning") for s in t.summary)
+    assert render(t, "markdown").index("Minimum detectable") < render(t, "markdown").index("Notes:")
+
+
+def test_fewer_than_three_seeds_warns(tmp_path):
+    t = table_for(make_task_sweep(tmp_path / "f", seeds=(0, 1)))
+    assert any(s.startswith("Warning: 2 seed(s) per point") for s in t.summary)
+    t1 = table_for(make_task_sweep(tmp_path / "g", seeds=(0,)))
+    assert "not available for 1 seeds x 8 tasks" in t1.summary[0]
+
+
+def test_without_per_task_results_the_table_falls_back_to_seeds_and_says_so(tmp_path):
+    root = make_task_sweep(tmp_path / "old", per_task=False)
+    t = table_for(root)
+    assert "No per-task results (eval_tasks.jsonl): intervals are over seeds only" in t.caption
+    d = data(root)
+    assert d.loc["none", "final"] == pytest.approx(13 / 24) and d.loc["dapo", "delta"] == pytest.approx(0.25)
+    per_seed = crossed_bootstrap(grid("none", 4).mean(axis=1, keepdims=True))  # one value per seed
+    assert (d.loc["none", "final:lo"], d.loc["none", "final:hi"]) == pytest.approx((per_seed.lo, per_seed.hi))
+    assert "for 3 seeds (seed-level values)" in t.summary[0]
+
+
+def test_points_without_per_task_results_make_the_whole_table_per_seed(sweep):
+    (sweep / "filter.name=dapo__seed=1__h1" / "eval_tasks.jsonl").unlink()
+    t = table_for(sweep)
+    assert "Per-task results (eval_tasks.jsonl) are missing for 1 of 9 finished points" in t.caption
+    assert "two-level" not in t.caption
+
+
+def test_points_of_another_base_config_are_never_pooled(sweep):
+    add_other_config(sweep, updates=6)
+    d = pd.read_csv(io.StringIO(render(table_for(sweep), "csv")))
+    own = d[d["config"] == "sweep"].set_index("filter.name")
+    other = d[d["config"] == "train.updates=6"].set_index("filter.name")
+    assert own.loc["none", "final"] == pytest.approx(13 / 24)  # unchanged by the other points
+    assert list(other.index) == ["none", "dapo"] and other.loc["none", "delta"] != other.loc["none", "delta"]  # NaN
+    assert other.loc["dapo", "delta"] == pytest.approx(1.0 - 16 / 24)  # to the baseline of its own config
+    text = render(table_for(sweep), "markdown")
+    assert "| dapo | train.updates=6 | 3/3 |" in text and "Differences: train.updates=6." in text
+
+
+@pytest.fixture
+def cli():
+    app = typer.Typer()
+    register(app)
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_unknown_metric_exits_2_with_a_did_you_mean(cli, tmp_path):
+    root = make_clip_sweep(tmp_path / "clip")
+    r = cli("table", root, "-m", "final/eval_greedy/sucess")
+    assert r.exit_code == 2 and "did you mean final/eval_greedy/success" in r.output
+    assert "Traceback" not in r.output and r.output.count("\n") <= 2  # one paragraph

@@ -1,0 +1,57 @@
+"""`harness results-doc`: docs/results.md regenerated from a results root, hand-written notes kept."""
+
+import re
+
+import typer
+from synthetic_tasks import make_task_sweep
+from typer.testing import CliRunner
+
+from harness.cli.analysis import register
+
+
+def cli(*args):
+    app = typer.Typer()
+    register(app)
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_results_doc_covers_every_shipped_sweep_and_keeps_the_notes(tmp_path):
+    root, sweeps, docs = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs"
+    make_task_sweep(root / "filters")
+    sweeps.mkdir()
+    (sweeps / "filters.yaml").write_text("name: filters\ndescription: DAPO refills against no filter.\n")
+    (sweeps / "unrun.yaml").write_text("name: unrun\ngrid: {algo.lr: [1.0e-5]}\n")
+    (sweeps / "study.yaml").write_text("name: study\nspace: {algo.lr: {type: float, low: 1.0e-5, high: 1.0e-3}}\n")
+    (docs / "results_notes").mkdir(parents=True)
+    notes = "DAPO's dynamic sampling (Yu et al. 2025) wins per update but not per episode here.\n\n| a | b |"
+    (docs / "results_notes" / "filters.md").write_text(notes + "\n")
+    (docs / "results_notes" / "_intro.md").write_text("All runs on 2 CPU cores.\n")
+    out = docs / "results.md"
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    filters = text.split("## filters")[1].split("## study")[0]
+    assert "- Command: `harness sweep sweeps/filters.yaml`" in filters and "- Seeds: 0, 1, 2" in filters
+    assert "- Code version: 89abcde" in filters and "9 of 9 points finished (9 done)" in filters
+    assert "| filter.name | seeds | start | final | gain | Δ vs baseline | Δ @ equal episodes |" in filters
+    assert "Minimum detectable effect (80% power" in filters
+    assert filters.split("### Notes")[1].strip() == notes  # verbatim
+    links = re.findall(r"!\[[^]]*\]\(([^)]+)\)", filters)
+    assert links == [
+        "figures/filters/evaluation.png",
+        "figures/filters/training.png",
+        "figures/filters/diagnostics.png",
+    ]
+    assert all((docs / link).stat().st_size > 10_000 for link in links)
+    assert "All runs on 2 CPU cores." in text.split("## ")[0]
+    assert f"Not run yet: `harness sweep {sweeps.as_posix()}/unrun.yaml`" in text
+    assert "write `" in text.split("## unrun")[1]  # a placeholder where no notes exist yet
+    assert "An Optuna study" in text.split("## study")[1]
+    pngs = {p: p.read_bytes() for p in (docs / "figures").rglob("*.png")}
+    assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0
+    assert out.read_text() == text and all(p.read_bytes() == b for p, b in pngs.items())  # reproducible
+
+
+def test_results_doc_bad_root_is_one_paragraph_exit_2(tmp_path):
+    r = cli("results-doc", tmp_path / "nope", "--out", tmp_path / "r.md", "--sweeps", tmp_path)
+    assert r.exit_code == 2 and "is not a results root" in r.output and "Traceback" not in r.output
