@@ -12,6 +12,7 @@ from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
 from harness.rl.rollout import turn_budget_at
+from harness.rl.trainer import planned_updates
 
 
 class PolicyEvaluator:
@@ -36,7 +37,7 @@ class PolicyEvaluator:
         env = make_env(cfg.env.name, cfg.env.options)
         self.instructions, self.markers = env.instructions, type(env).observation_markers
         env.close()
-        self.budget = turn_budget_at(max(cfg.train.updates - 1, 0), cfg.turns)  # the last update's budget
+        self.budget = turn_budget_at(max(planned_updates(cfg) - 1, 0), cfg.turns)  # the last update's budget
         self._venvs: dict[int, VectorEnv] = {}
 
     def _venv(self, n: int) -> VectorEnv:
