@@ -6,13 +6,13 @@ from pathlib import Path
 
 import torch
 
-from envs.vector import VectorEnv
 from harness.config.schema import RunConfig
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
 from harness.rl.rollout import turn_budget_at
 from harness.rl.trainer import planned_updates
+from harness.rl.venvs import VenvPool
 
 
 class PolicyEvaluator:
@@ -38,20 +38,7 @@ class PolicyEvaluator:
         self.instructions, self.markers = env.instructions, type(env).observation_markers
         env.close()
         self.budget = turn_budget_at(max(planned_updates(cfg) - 1, 0), cfg.turns)  # the last update's budget
-        self._venvs: dict[int, VectorEnv] = {}
-
-    def _venv(self, n: int) -> VectorEnv:
-        if n not in self._venvs:
-            c = self.cfg.env
-            self._venvs[n] = VectorEnv(
-                c.name,
-                c.options,
-                reward_density=c.reward_density,
-                format_penalty=c.format_penalty,
-                n=n,
-                workers=c.workers,
-            )
-        return self._venvs[n]
+        self._venv = VenvPool(cfg.env)
 
     def play(self, tasks: list[int], samples: int, done: set) -> list[dict]:
         """Rows of every episode of `tasks` not in `done` ((mode, task, sample) triples)."""
@@ -79,5 +66,4 @@ class PolicyEvaluator:
         return self
 
     def __exit__(self, *exc) -> None:
-        for venv in self._venvs.values():
-            venv.close()
+        self._venv.close()

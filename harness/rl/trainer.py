@@ -24,7 +24,6 @@ import torch
 from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
-from envs.vector import VectorEnv
 from harness.config.schema import RunConfig, axis_params
 from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
 from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, sample_rows
@@ -38,6 +37,7 @@ from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import collect, turn_budget_at
 from harness.rl.seeding import seed_everything
 from harness.rl.update import make_optimizer, run_update
+from harness.rl.venvs import VenvPool
 from harness.transcript.records import Episode
 
 ProgressFn = Callable[[dict], None]
@@ -84,28 +84,12 @@ class Trainer:
         self.optimizer = make_optimizer(self.policy, cfg)
         self.updates = planned_updates(cfg)
         self.best = {"update": 0, "success": -1.0}
-        self._venvs: dict[int, VectorEnv] = {}
+        self._venv = VenvPool(cfg.env)  # vector envs by batch size
         self.monitor = CollapseMonitor(stop_on=("echo_trap",) if cfg.train.early_stop_on_collapse else ())
 
     # ------------------------------------------------------------------ rollouts
-    def _venv(self, n: int) -> VectorEnv:
-        """A vector env of `n` instances, kept for the whole run (worker processes start once)."""
-        if n not in self._venvs:
-            c = self.cfg.env
-            self._venvs[n] = VectorEnv(
-                c.name,
-                c.options,
-                reward_density=c.reward_density,
-                format_penalty=c.format_penalty,
-                n=n,
-                workers=c.workers,
-            )
-        return self._venvs[n]
-
     def close(self) -> None:
-        for venv in self._venvs.values():
-            venv.close()
-        self._venvs.clear()
+        self._venv.close()
         self.env.close()
 
     def _train_tasks(self, update: int, round_: int) -> list[int]:

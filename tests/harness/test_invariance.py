@@ -39,28 +39,20 @@ from harness.experiments.tracking import RunLogger
 from harness.rl.behaviour import advantages, behaviour_forward
 from harness.rl.trainer import Trainer
 from harness.rl.update import _micro_batches, _minibatch_step, make_optimizer, run_update
+from tests.harness.test_trainer import TINY, _merge
 
-BASE = {
-    "model": {
-        "tiny": {
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 64,
-            "pretrain_demos": 150,
-            "pretrain_epochs": 15,
-            "pretrain_lr": 1e-2,
-        },
-        "lora": {"r": 4, "alpha": 8},
+# the tiny model and budgets of the trainer tests, with shorter episodes and one update
+BASE = _merge(
+    TINY,
+    {
+        "rollout": {"temperature": 1.5},
+        "turns": {"max": 3},
+        "context": {"policy": "full"},
+        "algo": {"lr": 1e-3, "micro_batch_size": 64, "agg_len": 16},
+        "train": {"updates": 1, "eval_every": 0, "mi_every": 0, "threads": 1, "device": "cpu", "seed": 3},
+        "tracking": {"mlflow": False, "samples": 0},
     },
-    "env": {"name": "frozenlake", "heldout_tasks": 2, "reward_density": "dense", "format_penalty": 0.1},
-    "rollout": {"tasks_per_update": 2, "group_size": 3, "max_new_tokens": 4, "temperature": 1.5},
-    "turns": {"max": 3},
-    "context": {"policy": "full"},
-    "algo": {"lr": 1e-3, "micro_batch_size": 64, "agg_len": 16},
-    "train": {"updates": 1, "eval_every": 0, "mi_every": 0, "threads": 1, "device": "cpu", "seed": 3},
-    "tracking": {"mlflow": False, "samples": 0},
-}
+)
 CLIP = [
     {"level": level, "seq_mask": mask, "eps_low": 0.2, "eps_high": 0.28, "seq_mask_delta": 1e-3}
     for level in ("token", "sequence", "trajectory", "none")
