@@ -18,6 +18,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from analysis.integrity import CORRUPT
 from analysis.load import AnalysisError, load_curves, load_results
 from analysis.stats import bootstrap_ci
 
@@ -149,11 +150,11 @@ def plot_diagnostics(curves: pd.DataFrame, results: pd.DataFrame, out_dir: Path)
 def make_plots(
     path: str | Path, metrics: list[str] | None = None, out_dir: str | Path | None = None
 ) -> dict[str, list[Path]]:
-    """Write every figure of a results folder (default into <results>/plots; failed points left out).
+    """Write every figure of a results folder (default into <results>/plots; failed and corrupt points left out).
     Returns {"curves_<metric>": [png, svg], ..., "diagnostics": [png, svg]}."""
     results = load_results(path)
-    # failed runs stop early for reasons unrelated to the method: their partial curves are left out
-    curves = load_curves(path, results[results["status"] != "failed"])
+    # failed runs stop early for reasons unrelated to the method, corrupt ones hold damaged rows: left out
+    curves = load_curves(path, results[~results["status"].isin(("failed", CORRUPT))])
     out = Path(out_dir) if out_dir else Path(path) / "plots"
     figures: dict[str, list[Path]] = {}
     for m in metrics or [None]:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import FINISHED, format_value, load_curves, load_results, resolve_metric, short_axis_names
+from analysis.integrity import CORRUPT, FINISHED
+from analysis.load import format_value, load_curves, load_results, resolve_metric, short_axis_names
 from analysis.stats import CONFIDENCE, N_BOOT, Difference, Estimate, bootstrap_ci, paired_difference
 
 DEFAULT_METRICS = ("final/eval_greedy/success", "best/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
@@ -174,12 +175,17 @@ def _assemble(results, meta, cells, columns, grid, statistic, interval, min_seed
     with_setting = not meta.axes or any(first[c]["label"] != auto[c] for c in cells)  # the sweep named its cells
     key_header = (["setting"] if with_setting else []) + [short[a] for a in meta.axes]
     done = results[results["status"].isin(FINISHED)]
+    any_corrupt = bool((results["status"] == CORRUPT).any())
     rows, data = [], []
     for c in cells:
         keys = ([first[c]["label"]] if with_setting else []) + [format_value(first[c][a]) for a in meta.axes]
         n_done = int((done["cell"] == c).sum())
-        rows.append((keys, f"{n_done}/{requested}", [grid[c][col] for col in columns]))
+        n_corrupt = int(((results["cell"] == c) & (results["status"] == CORRUPT)).sum())
+        seeds = f"{n_done}/{requested}" + (f" ({n_corrupt} corrupt)" if n_corrupt else "")
+        rows.append((keys, seeds, [grid[c][col] for col in columns]))
         rec = dict(zip(key_header, keys), seeds=n_done, requested=requested, baseline=bool(first[c]["is_baseline"]))
+        if any_corrupt:
+            rec["corrupt"] = n_corrupt
         for col in columns:
             est, name = grid[c][col].est, "delta" if col == "Δ" else col
             rec.update(
@@ -222,6 +228,11 @@ def _notes(
         head.append("‡ unpaired interval: the cell's seeds differ from the baseline's.")
     if "(n=" in shown:
         head.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
+    if any("corrupt" in seeds for _, seeds, _ in rows):
+        head.append(
+            "(k corrupt): seeds whose result files are damaged are not counted; `harness check` lists them "
+            "and `harness sweep --retry-failed` runs them again."
+        )
     diverged = done[done["status"] == "diverged"]
     if len(diverged):
         runs = ", ".join(f"{r['label']}{_seed_text(r['seed'])}" for _, r in diverged.iterrows())

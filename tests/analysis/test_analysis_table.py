@@ -3,6 +3,7 @@
 Regenerate the golden files after an intended change with UPDATE_GOLDEN=1 and read the diff."""
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -97,7 +98,10 @@ def test_unknown_format_names_the_choices(clip_sweep):
 
 
 def test_diverged_runs_are_results_and_said_so(clip_sweep):
-    (clip_sweep / "clip.level=dual__seed1" / "status").write_text("diverged\n")
+    d = clip_sweep / "clip.level=dual__seed1"
+    (d / "status").write_text("diverged\n")
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "status": "diverged"}))
     text = render(table_for(clip_sweep), "markdown")
     assert "| dual | 3/3 | 0.75 ± 0.25 |" in text
     assert "Diverged runs count as results, with the metrics they had when stopped: dual seed 1." in text
