@@ -317,6 +317,9 @@ def test_two_sweeps_sharing_a_folder_both_exit_0_when_every_point_ends_done(tmp_
 
 
 def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
+    """The same config and seed, once in this process with environments in-process, once in a fresh
+    process (its own hash seed, its own model cache: the tokenizer and the pre-training run again)
+    with environments in worker processes: identical metrics.jsonl."""
     from harness.experiments.sweep import single_point
 
     overrides = [
@@ -332,15 +335,15 @@ def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_pat
         "train.device=cpu",
         "tracking.mlflow=false",
     ]
-    point = single_point(REPO / "configs" / "frozenlake_tiny.yaml", overrides).points[0]
-    rows = []
-    for out in ("a", "b"):
-        res = run_point(point, "det", RunOptions(results=tmp_path / out))
-        assert res["status"] == "done", res
-        rows.append(
-            [
-                {k: v for k, v in r.items() if not k.startswith("perf/")}
-                for r in read_jsonl(tmp_path / out / "det" / point.id / "metrics.jsonl")
-            ]
-        )
-    assert rows[0] and rows[0] == rows[1]
+    config = REPO / "configs" / "frozenlake_tiny.yaml"
+    point = single_point(config, overrides).points[0]
+    assert run_point(point, "det", RunOptions(results=tmp_path / "a"))["status"] == "done"
+    workers = single_point(config, overrides + ["env.workers=2"]).points[0]
+    cmd = [sys.executable, "-m", "harness", "run", str(config), *(f"-o{o}" for o in overrides), "-oenv.workers=2"]
+    env = {**_cli_env(), "HARNESS_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "random", "HARNESS_TRAIN_FN": ""}
+    out = subprocess.run(
+        [*cmd, "--name", "det", "--out", str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = (tmp_path / "a" / "det" / point.id / "metrics.jsonl").read_bytes()
+    assert a and a == (tmp_path / "b" / "det" / workers.id / "metrics.jsonl").read_bytes()
