@@ -130,3 +130,11 @@ def test_corrupt_points_are_never_counted_and_the_seeds_column_says_so(clip_swee
     assert "metrics.jsonl line 12 of 12 is not a JSON row" in corrupt["clip.level=ppo__seed2"]
     assert "status is not text" in corrupt["clip.level=dual__seed0"]
     assert t.data.set_index("clip.level").loc["ppo", "corrupt"] == 2
+
+
+def test_points_from_different_cpu_code_paths_are_flagged(clip_sweep):
+    for i, d in enumerate(sorted(p for p in clip_sweep.iterdir() if p.is_dir())):
+        summary = json.loads((d / "summary.json").read_text())
+        cpu = {"model": "x", "torch_kernels": "AVX512" if i == 0 else "AVX2", "blas": "mkl"}
+        (d / "summary.json").write_text(json.dumps({**summary, "cpu": cpu}))
+    assert "points ran on 2 different CPU code paths" in " ".join(table_for(clip_sweep).provenance)

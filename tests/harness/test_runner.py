@@ -71,6 +71,7 @@ def test_a_sweep_writes_every_point_folder(tmp_path):
         assert summary["status"] == "done" and summary["config_hash"] == p.config_hash
         assert summary["metrics"]["final/success"] == fake_trainer.metric(p.seed, 6, p.config.algo.lr)
         assert summary["code_version"]["commit"] and summary["packages"]["torch"]
+        assert summary["cpu"]["torch_kernels"] and summary["cpu"]["model"]  # what decides the float bits
         assert summary["timings"]["attempts"] == 1 and summary["timings"]["wall_s"] >= 0
         assert "algo:" in (d / "config.yaml").read_text()
         assert not [f for f in os.listdir(d) if ".tmp" in f]  # atomic writes leave nothing behind
@@ -347,3 +348,37 @@ def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_pat
     assert out.returncode == 0, out.stdout + out.stderr
     a = (tmp_path / "a" / "det" / point.id / "metrics.jsonl").read_bytes()
     assert a and a == (tmp_path / "b" / "det" / workers.id / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_textworld_runs_are_identical_with_and_without_env_workers(tmp_path):
+    """The TextWorld learning config, cut to two updates on a small model: environments in worker
+    processes or in-process, the same metrics.jsonl (about 4 minutes: 70 games are generated)."""
+    from harness.experiments.sweep import single_point
+
+    pytest.importorskip("textworld")
+    overrides = [
+        "train.updates=2",
+        "train.eval_every=1",
+        "train.eval_episodes=4",
+        "train.mi_every=0",
+        "rollout.tasks_per_update=2",
+        "rollout.group_size=2",
+        "env.train_tasks=4",
+        "env.heldout_tasks=4",
+        "model.tiny.pretrain_demos=8",
+        "model.tiny.pretrain_epochs=1",
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.intermediate_size=64",
+        f"env.options.cache_dir={tmp_path / 'games'}",
+        "tracking.mlflow=false",
+    ]
+    rows = []
+    for workers in (2, 0):
+        point = single_point(REPO / "configs" / "textworld_learn.yaml", overrides + [f"env.workers={workers}"]).points[
+            0
+        ]
+        assert run_point(point, "tw", RunOptions(results=tmp_path / str(workers)))["status"] == "done"
+        rows.append((tmp_path / str(workers) / "tw" / point.id / "metrics.jsonl").read_bytes())
+    assert rows[0] and rows[0] == rows[1]
