@@ -30,12 +30,10 @@ import yaml
 
 from analysis.cells import add_cells, format_value, short_axis_names  # noqa: F401 (re-exported)
 from analysis.configs import config_groups, diff_text
+from analysis.integrity import CORRUPT, FINISHED, POINT_FILES, point_problems, read_status  # noqa: F401 (FINISHED re-exported)
 
 SEED_KEY = "train.seed"
-POINT_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "status")
 COST_KEYS = ("cost/episodes", "cost/generated_tokens", "cost/wall_s")
-# Statuses whose summary metrics are results (a diverged run is a result, not a failure).
-FINISHED = ("done", "diverged")
 
 
 class AnalysisError(ValueError):
@@ -91,7 +89,7 @@ def _read_yaml(p: Path, problems: list[str]) -> Any:
         return None
     try:
         return yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError) as e:
         problems.append(f"{p.name} unreadable ({type(e).__name__})")
         return None
 
@@ -100,7 +98,7 @@ def read_metrics_rows(p: Path) -> list[dict[str, Any]]:
     """Rows of metrics.jsonl; a torn last line (run still writing) or a bad line is skipped."""
     rows = []
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return rows
     for line in text.splitlines():
@@ -178,12 +176,11 @@ def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta
 
 # ----------------------------------------------------------------------------- one point
 def _status(pdir: Path, summary: dict | None, has_metrics: bool) -> str:
-    try:
-        word = (pdir / "status").read_text(encoding="utf-8").strip().split()
-    except OSError:
-        word = []
+    word, damaged = read_status(pdir)
+    if damaged:
+        return CORRUPT
     if word:
-        return word[0].lower()
+        return word
     if summary and summary.get("status"):
         return str(summary["status"]).lower()
     if has_metrics:
@@ -209,6 +206,9 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
     has_metrics = (pdir / "metrics.jsonl").is_file()
     row: dict[str, Any] = dict(config or {})
     status = _status(pdir, summary, has_metrics)
+    damage = point_problems(pdir) if pdir.exists() else []
+    if damage:  # never counted: the tables take finished points only
+        status, problems = CORRUPT, [p for p in problems if "unreadable" not in p] + damage
     if not pdir.exists():
         problems.append("no point folder")
     else:
@@ -235,6 +235,7 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
         config_hash=(summary or {}).get("config_hash"),
         code_version=code_version_str((summary or {}).get("code_version")),
         packages=json.dumps((summary or {}).get("packages") or {}, sort_keys=True) if summary else None,
+        cpu=json.dumps(summary["cpu"], sort_keys=True) if summary and summary.get("cpu") else None,
         error=(summary or {}).get("error"),
         has_metrics=has_metrics,
         problems="; ".join(problems),

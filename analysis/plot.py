@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis.cells import short_axis_names
+from analysis.integrity import CORRUPT
 from analysis.layout import DPI, finish, panels
 from analysis.load import AnalysisError, load_curves, load_results
 from analysis.stats import bootstrap_ci
@@ -307,11 +308,11 @@ def curve_metric(curves: pd.DataFrame, metric: str | None) -> str:
 
 
 def figures(path: str | Path, metrics: list[str] | None = None) -> dict[str, Figure]:
-    """Every figure of a results folder (failed points left out): one per family, or with
+    """Every figure of a results folder (failed and corrupt points left out): one per family, or with
     `metrics` one per requested metric (`curves_<metric>`, against updates, episodes, tokens)."""
     results = load_results(path)
-    # failed runs stop early for reasons unrelated to the method: their partial curves are left out
-    results = results[results["status"] != "failed"]
+    # failed runs stop early for reasons unrelated to the method, corrupt ones hold damaged rows: left out
+    results = results[~results["status"].isin(("failed", CORRUPT))]
     curves = load_curves(path, results)
     if metrics:
         fams = [Family(f"curves_{_safe(m)}", m, ((m, (curve_metric(curves, m),)),), FAMILIES[0].x) for m in metrics]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import FINISHED, AnalysisError, load_results
+from analysis.integrity import CORRUPT, FINISHED
+from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.render import to_html, to_markdown
 from analysis.table import Table, table_for
@@ -22,7 +23,7 @@ REPORT_FORMATS = ("md", "html")
 def _counts(rows: pd.DataFrame) -> tuple[int, str]:
     counts = rows["status"].value_counts()
     done = int(counts[counts.index.isin(FINISHED)].sum())
-    known = [*FINISHED, "running", "failed", "missing", "partial"]
+    known = [*FINISHED, "running", "failed", "pruned", CORRUPT, "missing", "partial"]
     order = sorted(counts.index, key=lambda s: (known.index(s) if s in known else len(known), s))
     return done, ", ".join(f"{counts[s]} {s}" for s in order)
 

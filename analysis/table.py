@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, Block, build_block
+from analysis.integrity import CORRUPT
 from analysis.load import FINISHED, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
 from analysis.stats import N_BOOT, Estimate, bootstrap_ci
@@ -288,12 +289,17 @@ def build_table(
         header[0] = metric_name(primary)
     key_header, keys = keys_and_header(results, cells)
     rows, data = [], []
+    any_corrupt = bool((results["status"] == CORRUPT).any())
     for c in cells:
         entries = {**grid[c], **cost_grid[c]}
         n_done = int((done["cell"] == c).sum())
-        rows.append((keys[c], f"{n_done}/{requested[c]}", [entries[col] for col in columns]))
+        n_corrupt = int(((results["cell"] == c) & (results["status"] == CORRUPT)).sum())
+        seeds = f"{n_done}/{requested[c]}" + (f" ({n_corrupt} corrupt)" if n_corrupt else "")
+        rows.append((keys[c], seeds, [entries[col] for col in columns]))
         first = results[results["cell"] == c].iloc[0]
         data.append(_record(c, keys[c], key_header, (n_done, requested[c]), entries, block, first))
+        if any_corrupt:
+            data[-1]["corrupt"] = n_corrupt
     shown = " ".join(format_entry(e, MD, opts.interval) for _, _, es in rows for e in es)
     return Table(
         results.attrs["sweep"].name,
@@ -301,7 +307,7 @@ def build_table(
         header,
         rows,
         caption(results, block, scores, primary, opts.statistic, opts.interval, opts.n_boot),
-        notes(results, block, columns, requested, opts.min_seeds, shown) + extra_notes,
+        notes(results, block, columns, requested, opts.min_seeds, shown, [seeds for _, seeds, _ in rows]) + extra_notes,
         provenance(results),
         missing_lines(results),
         pd.DataFrame(data),

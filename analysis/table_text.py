@@ -141,8 +141,10 @@ def summary_lines(results: pd.DataFrame, block: Block, scores: Scores | None, st
     return lines
 
 
-def notes(results, block: Block, columns: list[str], requested, min_seeds: int, shown: str) -> list[str]:
-    """Footnotes for the marks actually shown, diverged runs, and the definitions of the columns."""
+def notes(
+    results, block: Block, columns: list[str], requested, min_seeds: int, shown: str, seeds: list[str] = ()
+) -> list[str]:
+    """Footnotes for the marks actually shown, corrupt and diverged runs, and the definitions of the columns."""
     done = _done(results)
     meta = results.attrs["sweep"]
     out = []
@@ -153,6 +155,11 @@ def notes(results, block: Block, columns: list[str], requested, min_seeds: int, 
         out.append(f"‡ unpaired interval: the cell's seeds differ from the baseline's{tasks}.")
     if "(n=" in shown:
         out.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
+    if any("corrupt" in text for text in seeds):
+        out.append(
+            "(k corrupt): seeds whose result files are damaged are not counted; `harness check` lists them "
+            "and `harness sweep --retry-failed` runs them again."
+        )
     diverged = done[done["status"] == "diverged"]
     if len(diverged):
         runs = ", ".join(f"{r['label']} seed {r['seed']}" for _, r in diverged.iterrows())
@@ -204,4 +211,7 @@ def provenance(results: pd.DataFrame) -> list[str]:
     pkgs = done["packages"].dropna().unique()
     if len(pkgs) > 1:
         lines.append(f"package versions differ across points ({len(pkgs)} distinct sets)")
+    cpus = done["cpu"].dropna().unique() if "cpu" in done else []
+    if len(cpus) > 1:  # other kernels give other floating-point bits (README, determinism)
+        lines.append(f"points ran on {len(cpus)} different CPU code paths: their runs are not bit-comparable")
     return lines

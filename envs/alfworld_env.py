@@ -35,7 +35,16 @@ from pydantic import Field, field_validator
 
 from envs import alfworld_gen
 from envs.registry import ENVS
-from envs.text_game import GameView, TextGameEnv, TextGameOptions, cached_game, compact_lines, pick_file, state_digest
+from envs.text_game import (
+    GameView,
+    TextGameEnv,
+    TextGameOptions,
+    cached_game,
+    compact_lines,
+    pick_file,
+    scoped_env,
+    state_digest,
+)
 
 for _package in ("textworld", "fast_downward"):  # both are imported on first use
     if importlib.util.find_spec(_package) is None:
@@ -271,9 +280,11 @@ class AlfWorld(TextGameEnv):
     # -- interpreter
     def _interpreter(self):
         if self._tw is None:
-            if "ALFWORLD_DATA" not in os.environ:  # `import alfworld` creates this folder
-                os.environ["ALFWORLD_DATA"] = str(Path(self.options.cache_dir) / "alfworld_data")
-            PddlEnv, AlfredDemangler = _alfworld_wrappers()
+            # `import alfworld` creates $ALFWORLD_DATA (default ~/.cache/alfworld) and sets the
+            # variable for the whole process: both are kept to the import
+            default = None if "ALFWORLD_DATA" in os.environ else str(Path(self.options.cache_dir) / "alfworld_data")
+            with scoped_env("ALFWORLD_DATA", default):
+                PddlEnv, AlfredDemangler = _alfworld_wrappers()
             import textworld
 
             infos = textworld.EnvInfos(admissible_commands=True, won=True)

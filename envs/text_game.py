@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,20 +231,34 @@ def cached_game(target: Path, build: Callable[[Path], Path], companions: tuple[s
     return target
 
 
+_ENV_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def scoped_env(name: str, value: str | None) -> Iterator[None]:
+    """Set the environment variable `name` to `value` for the block only (None: leave it as it is,
+    but still restore whatever the block sets), then put back what was there, even on an error.
+    Held under a lock, so two threads never interleave their changes."""
+    with _ENV_LOCK:
+        old = os.environ.get(name)
+        if value is not None:
+            os.environ[name] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
 @contextlib.contextmanager
 def home_dir(path: Path) -> Iterator[None]:
-    """Point $HOME at `path` for the block: TextWorld's Inform 7 compiler and ALFWorld write
-    under $HOME, which may be missing or read-only on cluster nodes."""
+    """Point $HOME at `path` for the block: TextWorld's Inform 7 compiler (a subprocess that
+    inherits the environment) writes under $HOME, which may be missing or read-only on cluster nodes."""
     path.mkdir(parents=True, exist_ok=True)
-    old = os.environ.get("HOME")
-    os.environ["HOME"] = str(path)
-    try:
+    with scoped_env("HOME", str(path)):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("HOME", None)
-        else:
-            os.environ["HOME"] = old
 
 
 def split_files(files: list[Path], heldout_fraction: float) -> dict[str, list[Path]]:

@@ -2,7 +2,8 @@
 
 Everything a test writes goes to a temporary folder: MLflow (sqlite store), the trainer's
 content-hashed caches, and HOME (TextWorld and other libraries write under it). The model hub
-is never contacted (HF_HUB_OFFLINE=1).
+is never contacted (HF_HUB_OFFLINE=1). HARNESS_TESTING=1 lets tests (and the commands they start)
+replace the trainer through HARNESS_TRAIN_FN.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
 os.environ.setdefault("HARNESS_CACHE", str(_TMP / "cache"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.pop("HARNESS_TRAIN_FN", None)
+os.environ["HARNESS_TESTING"] = "1"  # honour the HARNESS_TRAIN_FN testing hook (harness.experiments.point)
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 

@@ -1,5 +1,6 @@
 """`harness table`, `plot`, `report`: a results folder -> paper table, figures, page;
-`harness results-doc`: a results root -> docs/results.md.
+`harness results-doc`: a results root -> docs/results.md;
+`harness check`: which points of a results folder hold damaged files.
 
 Plain functions plus `register(app)`, which `harness.cli.main` calls.
 `analysis` (pandas, seaborn) is imported inside the commands, keeping `harness --help` fast.
@@ -162,9 +163,43 @@ def results_doc(
     print(write_results_doc(results, out, sweeps, figures, notes))
 
 
+def check(
+    results: Annotated[
+        Path, typer.Argument(help="A sweep's results folder (results/clipping) or a results root holding several.")
+    ],
+) -> None:
+    """List the points whose result files are damaged; exit 1 when there are any, else 0.
+
+    A damaged point (unreadable status, garbage summary.json or config.yaml, a cut or garbage
+    metrics.jsonl line, a row count that differs from what summary.json records) is never counted
+    by table, plot or report; `harness sweep FILE --retry-failed` runs it again."""
+    from analysis.integrity import check_sweep, point_dirs, sweep_folders
+
+    if not results.is_dir():
+        print(
+            f"error: {results} is not a results folder: expected a directory written by `harness sweep`.",
+            file=sys.stderr,
+        )
+        raise typer.Exit(2)
+    folders, damaged = sweep_folders(results), 0
+    if not folders:
+        print(f"error: {results} holds no sweep folders and no point folders.", file=sys.stderr)
+        raise typer.Exit(2)
+    for folder in folders:
+        corrupt = check_sweep(folder)
+        damaged += len(corrupt)
+        print(f"{folder}: {len(point_dirs(folder))} points, {len(corrupt) or 'none'} corrupt")
+        for c in corrupt:
+            print(f"  {c.path.name}: {'; '.join(c.problems)}")
+    if damaged:
+        print("Tables, plots and reports leave these out; `harness sweep FILE --retry-failed` runs them again.")
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `table`, `plot`, `report` and `results-doc` to the harness CLI."""
+    """Add `table`, `plot`, `report`, `results-doc` and `check` to the harness CLI."""
     app.command("table")(table)
     app.command("plot")(plot)
     app.command("report")(report)
     app.command("results-doc")(results_doc)
+    app.command("check")(check)

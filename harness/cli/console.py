@@ -12,13 +12,15 @@ from typing import Any
 from rich.console import Console
 
 from harness.config.errors import ConfigError, ConfigWarning
+from harness.experiments.redact import mask_credentials
 
 # user values (paths, keys, config values) are printed verbatim: no markup, no :emoji: codes
 err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def say_error(message: str) -> None:
-    err.print(f"error: {message}", markup=False, emoji=False, soft_wrap=True)
+    """One error paragraph on stderr, user values printed as written, credentials in URLs masked."""
+    err.print(f"error: {mask_credentials(message)}", markup=False, emoji=False, soft_wrap=True)
 
 
 def check_results_dir(results: Path, option: str) -> None:

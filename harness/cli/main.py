@@ -67,7 +67,7 @@ def preflight(sweep: Any) -> None:
 
 
 def _print_points(sweep: Any, results: Path) -> None:
-    from harness.experiments.runner import point_dir, read_status
+    from harness.experiments.point import point_dir, point_state
 
     print(
         f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
@@ -76,11 +76,18 @@ def _print_points(sweep: Any, results: Path) -> None:
     if sweep.description:
         print("  " + " ".join(sweep.description.split()))
     for p in sweep.points:
-        status = read_status(point_dir(results, sweep.name, p)) or "new"
+        status = point_state(point_dir(results, sweep.name, p)) or "new"
         mark = "*" if p.is_baseline else " "
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in p.overrides.items()) or "(base config)"
         print(f"{mark} {p.id}  [{status}]  {overrides}")
     print("(* = baseline)")
+
+
+EXTRA_COUNTS = {
+    "elsewhere": "finished by another process",
+    "busy": "busy (held by another process)",
+    "corrupt": "corrupt (damaged files; --retry-failed runs them again)",
+}
 
 
 def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool, executor: Any = None) -> None:
@@ -98,9 +105,10 @@ def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow:
     _sigterm_as_interrupt()
     result = run_sweep(sweep, opts, SweepProgress())
     c = result.counts
+    extra = [f"{c[k]} {text}" for k, text in EXTRA_COUNTS.items() if c.get(k)]
     print(
         f"sweep {sweep.name}: {c['done']} done, {c['diverged']} diverged, {c['failed']} failed, "
-        f"{c['skipped']} skipped (finished before){', ' + str(c['busy']) + ' busy' if c['busy'] else ''}; "
+        f"{c['skipped']} skipped (finished before){''.join(', ' + e for e in extra)}; "
         f"results in {results / sweep.name}"
     )
     for pid, error in result.errors.items():
@@ -117,7 +125,9 @@ def sweep(
     file: Path = typer.Argument(..., help="Sweep YAML file (see sweeps/)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the points (id, overrides, status) and exit."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Points run in parallel, each in its own process."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed points again (default: skip them)."),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Run failed and corrupt points again (default: skip them; see `harness check`)."
+    ),
     no_mlflow: bool = typer.Option(
         False, "--no-mlflow", help="Do not log to MLflow (metrics.jsonl is always written)."
     ),
@@ -133,6 +143,11 @@ def sweep(
         help="--backend ray: the cluster to join (default: a local Ray instance on 127.0.0.1, --workers CPUs).",
     ),
     retries: int = typer.Option(0, "--retries", min=0, help="--backend ray: run a failed point again up to N times."),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="--address: join a Ray cluster without token authentication (anyone who can reach it can run code).",
+    ),
     override: list[str] = typer.Option(
         [],
         "--override",
@@ -167,11 +182,13 @@ def sweep(
     if backend == "local" and (address or retries):
         _fail("--address and --retries apply to --backend ray", 2)
     check_results_dir(results, "--results")
+    if insecure and not address:
+        _fail("--insecure applies to --backend ray --address ADDR (joining a cluster)", 2)
     executor = None
     if backend == "ray":
         from harness.experiments.ray_backend import RayExecutor
 
-        executor = RayExecutor(address, retries)
+        executor = RayExecutor(address, retries, insecure)
     _run(swp, results, workers, retry_failed, no_mlflow, executor)
 
 

@@ -100,7 +100,7 @@ class SweepProgress:
     def point_end(self, point_id: str, status: str, wall_s: float | None = None) -> None:
         with self._lock:
             self.running.pop(point_id, None)
-            self.done += status in ("done", "skipped")
+            self.done += status in ("done", "skipped", "elsewhere")
             self.failed += status == "failed"
             self.diverged += status == "diverged"
         took = f" ({format_seconds(wall_s)})" if wall_s is not None else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -85,6 +86,36 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def cpu_code_path() -> dict[str, Any]:
+    """What decides the floating-point bits of a CPU run besides the code and the seed: the CPU, the
+    instruction set torch's kernels use, the BLAS, and the variables that pin them (MKL_CBWR,
+    ATEN_CPU_CAPABILITY). Two machines that differ here give metrics that drift apart."""
+    import torch
+
+    config = torch.__config__.show()
+    blas = next(
+        (part.split("=")[1] for part in config.replace(",", " ").split() if part.startswith("BLAS_INFO=")), None
+    )
+    return {
+        "model": _cpu_model(),
+        "torch_kernels": torch.backends.cpu.get_cpu_capability(),
+        "blas": blas,
+        "MKL_CBWR": os.environ.get("MKL_CBWR"),
+        "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
+
+
 def environment() -> dict[str, Any]:
     """Everything above plus the machine, for summary.json."""
     return {
@@ -92,4 +123,5 @@ def environment() -> dict[str, Any]:
         "packages": package_versions(),
         "platform": platform.platform(),
         "host": platform.node(),
+        "cpu": cpu_code_path(),
     }

@@ -1,6 +1,6 @@
 """`harness sweep FILE --backend ray [--address ADDR] [--retries N]`: every point is a Ray task.
 
-Each task runs `harness.experiments.runner.run_point`, the function the local backend runs, so a point writes
+Each task runs `harness.experiments.point.run_point`, the function the local backend runs, so a point writes
 the same files with the same metrics whichever backend ran it. The local process pool stays the
 default; `ray` is the optional extra `dist` (pip install -e '.[dist]').
 
@@ -14,14 +14,18 @@ Without --address, a local Ray instance is started for the sweep and stopped aft
 stats, max(--workers, the largest num_cpus of a point) logical CPUs. With --address the driver
 connects to a running cluster (in local-only mode too when ADDR is 127.0.0.1 / localhost)
 (`ray start --head` ...); every node then needs this project installed and the results folder at
-the same path (a shared filesystem). When
-~/.ray/auth_token exists and RAY_AUTH_MODE is unset, the driver uses token authentication, which
-`ray start` turns on by default.
+the same path (a shared filesystem). Joining a cluster requires Ray's token authentication
+(RAY_AUTH_MODE=token, set here): the token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+~/.ray/auth_token (`ray get-auth-token --generate` on the head), and without one the command stops
+before connecting. `--insecure` joins a cluster without authentication (anyone who can reach it can
+run code there).
 
 Retries: --retries N runs a point again, up to N times, when it fails (status `failed`) or when its
 worker process dies (Ray's max_retries and retry_exceptions); it resumes from its checkpoint.
-The driver's HARNESS_*, MLFLOW_*, HF_*, TRANSFORMERS_* variables and PYTHONPATH are set in the
-tasks. Ctrl-C cancels the running tasks; their points keep status `running` and resume next time.
+Only the variables of FORWARDED_ENV (caches, offline switches, the MLflow tracking URI) and
+PYTHONPATH are set in the tasks: tokens and passwords (HF_TOKEN, MLFLOW_TRACKING_PASSWORD, ...) are
+never sent to the cluster; its nodes use their own. Ctrl-C cancels the running tasks; their points
+keep status `running` and resume next time.
 """
 
 from __future__ import annotations
@@ -33,12 +37,26 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness.config.errors import UnavailableError
-from harness.experiments.runner import RunOptions, _record, _spec_string, point_dir, read_status, run_point
+from harness.config.errors import ConfigError, UnavailableError
+from harness.experiments.point import RunOptions, point_dir, read_status, run_point, spec_string
+from harness.experiments.redact import mask_credentials
+from harness.experiments.runner import _record
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import atomic_write_text
 
-FORWARD_PREFIXES = ("HARNESS_", "MLFLOW_", "HF_", "TRANSFORMERS_")
+FORWARDED_ENV = (
+    "HARNESS_CACHE",
+    "MLFLOW_TRACKING_URI",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TRANSFORMERS_CACHE",
+    "OMP_NUM_THREADS",
+    "PYTHONHASHSEED",
+)
+
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 
 
@@ -53,14 +71,32 @@ def point_resources(cfg: Any, cluster_gpus: float) -> dict[str, float]:
     return {"num_cpus": max(1, int(cfg.train.threads)), "num_gpus": gpus}
 
 
-def import_ray(local: bool, joining: bool = False) -> Any:
+def require_token_auth(address: str) -> None:
+    """Turn Ray's token authentication on for joining `address`; a ConfigError when no token is
+    found or authentication was switched off (the caller skips this for --insecure)."""
+    mode = os.environ.get("RAY_AUTH_MODE", "token")
+    if mode.lower() != "token":
+        raise ConfigError(
+            f"--address {address}: RAY_AUTH_MODE={mode} turns Ray's token authentication off; unset it, "
+            f"or pass --insecure to join a cluster without authentication (anyone who can reach it can run code)."
+        )
+    path, default = os.environ.get("RAY_AUTH_TOKEN_PATH"), Path.home() / ".ray" / "auth_token"
+    if not os.environ.get("RAY_AUTH_TOKEN") and not Path(path or default).expanduser().is_file():
+        where = f"RAY_AUTH_TOKEN_PATH={path} is not a file" if path else f"no {default}"
+        raise ConfigError(
+            f"--address {address}: joining a Ray cluster needs its authentication token and none was found "
+            f"(RAY_AUTH_TOKEN is unset, {where}). Copy the head's token (`ray get-auth-token` there) into "
+            f"RAY_AUTH_TOKEN or {default}, or pass --insecure to join without authentication."
+        )
+    os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def import_ray(local: bool) -> Any:
     """`ray`, or a one-line UnavailableError naming the extra to install. Ray reads these variables
     when it is imported."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if local:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    if joining and "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
-        os.environ["RAY_AUTH_MODE"] = "token"  # `ray start` turns token authentication on
     try:
         import ray
     except ImportError as e:
@@ -104,18 +140,20 @@ def run_point_task(point: Point, sweep: str, opts: RunOptions, env: dict[str, st
 class RayExecutor:
     """`RunOptions.executor` for harness.experiments.runner.run_sweep."""
 
-    def __init__(self, address: str | None = None, retries: int = 0):
+    def __init__(self, address: str | None = None, retries: int = 0, insecure: bool = False):
         self.address, self.retries = address, retries
         host = address.rpartition(":")[0].strip("[]") if address and ":" in address else address
         # a cluster on the loopback interface is joined in Ray's local-only mode too: a driver that
         # registered with this host's outside address would wait forever for a raylet there
         self.loopback = address is None or host in ("127.0.0.1", "localhost", "::1")
-        import_ray(self.loopback, joining=address is not None)  # fail early with the install hint
+        if address is not None and not insecure:
+            require_token_auth(address)
+        import_ray(self.loopback)  # fail early with the install hint
 
     def __call__(self, sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: Any) -> None:
         if not todo:  # every point finished before: no cluster needed
             return
-        ray = import_ray(self.loopback, joining=self.address is not None)
+        ray = import_ray(self.loopback)
         self._connect(ray, todo, opts)
         try:
             self._run(ray, sweep, todo, opts, progress, result)
@@ -146,12 +184,14 @@ class RayExecutor:
                 if auth
                 else ""
             )
-            raise UnavailableError(f"cannot start or reach {where}: {type(e).__name__}: {first}{hint}") from None
+            raise UnavailableError(
+                mask_credentials(f"cannot start or reach {where}: {type(e).__name__}: {first}{hint}")
+            ) from None
         if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_sigterm)
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES)}
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         if env.get("HARNESS_CACHE"):  # workers do not share the driver's working directory
             env["HARNESS_CACHE"] = str(Path(env["HARNESS_CACHE"]).resolve())
         paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -162,7 +202,7 @@ class RayExecutor:
         child = RunOptions(
             results=Path(opts.results).resolve(),
             mlflow_uri=opts.mlflow_uri,
-            train_fn=_spec_string(opts.train_fn),
+            train_fn=spec_string(opts.train_fn),
             env_info=opts.env_info,
             tags=dict(opts.tags),
         )
@@ -233,7 +273,7 @@ class RayExecutor:
             if progress is not None:
                 progress.point_end(point.id, "interrupted")
         else:
-            _record(result, progress, point.id, res)
+            _record(result, progress, point, res)
 
     @staticmethod
     def _mark_crashed(point: Point, sweep: str, opts: RunOptions, e: Exception) -> dict:

@@ -54,6 +54,7 @@ from harness.experiments.provenance import config_hash
 SEED_KEY = "train.seed"
 SLUG_MAX = 64
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep's (or a run's --name) results folder
 
 
 class SweepSpec(BaseModel):
@@ -61,9 +62,7 @@ class SweepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Sweep name: the results folder and the MLflow experiment."
-    )
+    name: str = Field(pattern=NAME_PATTERN, description="Sweep name: the results folder and the MLflow experiment.")
     description: str = Field("", description="What question the sweep answers.")
     base: dict[str, Any] | str = Field(
         default_factory=dict, description="Base config: inline mapping or a path relative to the sweep file."
@@ -393,6 +392,13 @@ def single_point(config_path: str | Path, overrides: list[str], name: str | None
     slug = variant_slug(parsed, None)
     chash = config_hash(cfg)
     point = Point(point_id(slug, cfg.train.seed, chash), slug, None, cfg.train.seed, parsed, cfg, chash, True)
+    if name is not None and not re.fullmatch(NAME_PATTERN, name):
+        suggestion = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-") or "run"
+        raise ConfigError(
+            f"--name {name!r} is not a results folder name: use letters, digits, '_', '.' and '-', starting "
+            f"with a letter or digit (no path separators, no '..'), e.g. --name {suggestion}; "
+            f"the run goes to <--out>/<name>/<point id>/."
+        )
     name = name or slugify(Path(config_path).stem)
     command = shlex.join(["harness", "run", str(config_path)] + [a for o in overrides for a in ("-o", o)])
     return Sweep(name, "", Path(config_path), list(parsed) + [SEED_KEY], slug, [cfg.train.seed], [point], command)

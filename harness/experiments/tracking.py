@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import ConfigWarning
+from harness.experiments.redact import mask_credentials
 
-METRICS, SAMPLES, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "mlflow_run_id"
+METRICS, SAMPLES, TIMINGS, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "timings.jsonl", "mlflow_run_id"
 EVAL_TASKS = "eval_tasks.jsonl"  # one row per evaluated episode (paired analysis)
 MLFLOW_STATUS = {"done": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
@@ -131,6 +132,27 @@ def rewrite_jsonl(path: Path, keep: Callable[[dict], bool] = lambda row: True) -
         atomic_write_text(path, new)
 
 
+@contextmanager
+def file_lock(path: str | Path, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive lock on `path` (created when missing) across processes; yields whether it was
+    taken (always True when `blocking`; without POSIX locks: True, no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield True
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 # ----------------------------------------------------------------------------- MLflow
 def default_tracking_uri(results_root: str | Path) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -140,10 +162,8 @@ def default_tracking_uri(results_root: str | Path) -> str:
 
 
 def _artifact_location(uri: str) -> str | None:
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///").split("?")[0])
-        return (db.parent / "mlartifacts").as_uri()
-    return None
+    db = _sqlite_path(uri)
+    return (db.parent / "mlartifacts").as_uri() if db is not None else None
 
 
 def _quiet_mlflow() -> None:
@@ -158,8 +178,24 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///").split("?")[0]) if uri.startswith("sqlite:///") else None
+
+
 def ensure_experiment(uri: str, name: str) -> str:
-    """Create the store (migrations) and the experiment once, before workers start writing."""
+    """Create the store (migrations) and the experiment once, before workers start writing.
+
+    A sqlite store is created under a file lock (<db>.lock): two processes migrating one fresh
+    database at once leave it half-created, unusable by every later run."""
+    db = _sqlite_path(uri)
+    if db is None:
+        return _ensure_experiment(uri, name)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(db.with_name(db.name + ".lock")):
+        return _ensure_experiment(uri, name)
+
+
+def _ensure_experiment(uri: str, name: str) -> str:
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -195,8 +231,10 @@ class MlflowSink:
             except Exception as e:  # noqa: BLE001 - tracking must never stop training
                 if attempt == 3:
                     print(
-                        f"warning: MLflow logging to {self.uri} switched off for this run: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                        mask_credentials(
+                            f"warning: MLflow logging to {self.uri} switched off for this run: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        ),
                         file=sys.stderr,
                     )
                     self.enabled = False
@@ -270,6 +308,8 @@ class RunLogger:
     log(update, metrics)        one metrics.jsonl row {"update": k, **metrics}; MLflow step k
     log_samples(update, rows)   rows of samples.jsonl, each with "update"
     log_eval_tasks(update, rows) one eval_tasks.jsonl row per evaluated episode, each with "update"
+    log_timings(update, secs)   one timings.jsonl row {"update": k, **seconds} (wall times vary
+                                between identical runs, so they stay out of metrics.jsonl)
     log_params(params)          flat dict -> MLflow params
     truncate_after(update)      on resume: drop rows logged after the checkpoint's update
     close(status)               done / failed / diverged / interrupted
@@ -289,18 +329,23 @@ class RunLogger:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path, self.samples_path = self.run_dir / METRICS, self.run_dir / SAMPLES
-        self.eval_tasks_path = self.run_dir / EVAL_TASKS
-        for path in (self.metrics_path, self.samples_path, self.eval_tasks_path):
+        self.paths = {name: self.run_dir / name for name in (METRICS, SAMPLES, TIMINGS, EVAL_TASKS)}
+        for path in self.paths.values():
             rewrite_jsonl(path)  # a kill mid-append leaves a torn line
-        self._stale_metrics = self._max_update(self.metrics_path)
-        self._stale_samples = self._max_update(self.samples_path)
-        self._stale_eval_tasks = self._max_update(self.eval_tasks_path)
+        self._stale = {name: self._max_update(path) for name, path in self.paths.items()}
         self.mlflow: MlflowSink | None = None
         if mlflow_uri:
             self.mlflow = MlflowSink(
                 mlflow_uri, experiment or "default", run_name or self.run_dir.name, self.run_dir, dict(tags or {})
             )
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.paths[METRICS]
+
+    @property
+    def samples_path(self) -> Path:
+        return self.paths[SAMPLES]
 
     @staticmethod
     def _max_update(path: Path) -> float:
@@ -313,26 +358,27 @@ class RunLogger:
         rows = read_jsonl(self.metrics_path)
         return rows[-1]["update"] if rows else None
 
+    def _append(self, name: str, update: int, rows: list[dict]) -> None:
+        """Append rows of `update`, first dropping rows of this or later updates an earlier attempt left."""
+        if update <= self._stale[name]:
+            rewrite_jsonl(self.paths[name], lambda r: r.get("update", -math.inf) < update)
+        self._stale[name] = -math.inf
+        append_jsonl(self.paths[name], rows)
+
     def log(self, update: int, metrics: dict[str, Any]) -> None:
-        if update <= self._stale_metrics:
-            rewrite_jsonl(self.metrics_path, lambda r: r.get("update", -math.inf) < update)
-        self._stale_metrics = -math.inf
         row = {"update": int(update), **{k: _number(v) for k, v in metrics.items()}}
-        append_jsonl(self.metrics_path, [row])
+        self._append(METRICS, update, [row])
         if self.mlflow is not None:
             self.mlflow.log_metrics(int(update), {k: v for k, v in row.items() if k != "update"})
 
     def log_samples(self, update: int, rows: list[dict]) -> None:
-        if update <= self._stale_samples:
-            rewrite_jsonl(self.samples_path, lambda r: r.get("update", -math.inf) < update)
-        self._stale_samples = -math.inf
-        append_jsonl(self.samples_path, [{"update": int(update), **r} for r in rows])
+        self._append(SAMPLES, update, [{"update": int(update), **r} for r in rows])
+
+    def log_timings(self, update: int, seconds: dict[str, float]) -> None:
+        self._append(TIMINGS, update, [{"update": int(update), **seconds}])
 
     def log_eval_tasks(self, update: int, rows: list[dict]) -> None:
-        if update <= self._stale_eval_tasks:
-            rewrite_jsonl(self.eval_tasks_path, lambda r: r.get("update", -math.inf) < update)
-        self._stale_eval_tasks = -math.inf
-        append_jsonl(self.eval_tasks_path, [{**r, "update": int(update)} for r in rows])
+        self._append(EVAL_TASKS, update, [{**r, "update": int(update)} for r in rows])
 
     def log_params(self, params: dict[str, Any]) -> None:
         if self.mlflow is not None:
@@ -340,9 +386,9 @@ class RunLogger:
 
     def truncate_after(self, update: int) -> None:
         """Keep only rows with update <= `update` (the checkpoint the run resumes from)."""
-        for path in (self.metrics_path, self.samples_path, self.eval_tasks_path):
+        for name, path in self.paths.items():
             rewrite_jsonl(path, lambda r: r.get("update", math.inf) <= update)
-        self._stale_metrics = self._stale_samples = self._stale_eval_tasks = -math.inf
+            self._stale[name] = -math.inf
 
     def close(self, status: str) -> None:
         if self.mlflow is not None:

@@ -1,4 +1,4 @@
-"""Run an Optuna study (`harness tune`): trials are ordinary points run by `harness.experiments.runner.run_point`.
+"""Run an Optuna study (`harness tune`): trials are ordinary points run by `harness.experiments.point.run_point`.
 
 Storage: any RDB URL (`--storage`), by default sqlite:///<results>/<name>/optuna.db, opened with
 load_if_exists, so a study resumes and several workers (processes or hosts) share it. Each worker
@@ -29,7 +29,8 @@ import optuna
 from optuna.trial import TrialState
 
 from harness.config.errors import ConfigError, UnavailableError
-from harness.experiments.runner import RunOptions, point_dir, read_status, run_point
+from harness.experiments.point import RunOptions, point_dir, read_status, run_point
+from harness.experiments.redact import mask_credentials
 from harness.experiments.samplers import make_pruner, make_sampler
 from harness.experiments.study import TuneStudy, objective_value, suggest
 from harness.experiments.sweep import Point
@@ -89,13 +90,15 @@ def open_storage(url: str, heartbeat_s: int) -> optuna.storages.RDBStorage:
             )
         except (ImportError, ValueError, ArgumentError) as e:
             raise ConfigError(
-                f"--storage {url}: cannot open it: {type(e).__name__}: {e}. Use an RDB URL such as "
-                f"sqlite:///path/optuna.db or postgresql://user@host/db (with its driver installed)."
+                mask_credentials(
+                    f"--storage {url}: cannot open it: {type(e).__name__}: {e}. Use an RDB URL such as "
+                    f"sqlite:///path/optuna.db or postgresql://user@host/db (with its driver installed)."
+                )
             ) from None
         except Exception as e:  # noqa: BLE001 - sqlalchemy errors: retry, then report
             last = e
             time.sleep(0.5 * (attempt + 1))
-    raise UnavailableError(f"cannot open the Optuna storage {url}: {type(last).__name__}: {last}")
+    raise UnavailableError(mask_credentials(f"cannot open the Optuna storage {url}: {type(last).__name__}: {last}"))
 
 
 def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> optuna.Study:
@@ -106,7 +109,10 @@ def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> op
             )
         except KeyError:
             raise ConfigError(
-                f"no study {study.name!r} in {getattr(storage, 'url', storage)}; run `harness tune {study.path}` first."
+                mask_credentials(
+                    f"no study {study.name!r} in {getattr(storage, 'url', storage)}; "
+                    f"run `harness tune {study.path}` first."
+                )
             ) from None
     ostudy = optuna.create_study(
         study_name=study.name,
@@ -119,9 +125,11 @@ def load_optuna_study(study: TuneStudy, storage: Any, create: bool = True) -> op
     want = optuna.study.StudyDirection[study.spec.objective.direction.upper()]
     if ostudy.direction != want:
         raise ConfigError(
-            f"{study.path}: objective.direction = {study.spec.objective.direction!r}, but the study "
-            f"{study.name!r} in {storage.url} was created with {ostudy.direction.name.lower()}; "
-            f"rename the study or use another --storage."
+            mask_credentials(
+                f"{study.path}: objective.direction = {study.spec.objective.direction!r}, but the study "
+                f"{study.name!r} in {storage.url} was created with {ostudy.direction.name.lower()}; "
+                f"rename the study or use another --storage."
+            )
         )
     return ostudy
 
@@ -174,10 +182,8 @@ class Tuner:
             tags={"study": self.study.name, "trial": str(trial.number)},
         )
         step0 = index * (point.config.train.updates + 1)
-        res = run_point(point, self.study.name, opts, self._progress(trial, step0))
-        while res["status"] == "busy":  # another worker runs this very config: wait for its result
-            time.sleep(2.0)
-            res = run_point(point, self.study.name, opts, self._progress(trial, step0))
+        # another worker running this very config: wait for it to let go, then use its result
+        res = run_point(point, self.study.name, opts, self._progress(trial, step0), wait=True)
         status = read_status(run_dir) if res["status"] == "skipped" else res["status"]
         if status in ("pruned", "diverged"):
             self.outcome = "pruned"
@@ -217,7 +223,7 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
         try:
             ensure_experiment(opts.mlflow_uri, study.name)
         except Exception as e:  # noqa: BLE001 - points retry and warn by themselves
-            opts.say(f"warning: MLflow store {opts.mlflow_uri} not ready: {type(e).__name__}: {e}")
+            opts.say(mask_credentials(f"warning: MLflow store {opts.mlflow_uri} not ready: {type(e).__name__}: {e}"))
     storage = open_storage(opts.storage or default_storage(opts.results, study.name), study.spec.heartbeat_s)
     ostudy = load_optuna_study(study, storage)
     tuner, target, failed_in_a_row, waiting_said = (

@@ -3,17 +3,24 @@
 The sampling and task RNGs are derived from (seed, update) at every update, so a resumed run
 needs no RNG state to reproduce the uninterrupted one; torch's global RNG state is saved too
 for anything that draws from it (dropout), with the CUDA generators' states on GPU machines.
+Checkpoints are loaded with `weights_only=True`: a state.pt that needs anything beyond tensors
+and plain Python values is refused, never executed.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 
 CHECKPOINT = "checkpoint"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is not safe to load (it would need arbitrary objects unpickled)."""
 
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -58,7 +65,14 @@ def load_checkpoint(
         if not old.exists():
             return None
         path = old
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # tensors, numbers, strings and containers only: a crafted pickle cannot run code here
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path}: refused to load the checkpoint: it holds more than tensors and plain values ({first}). "
+            f"Move the point's checkpoint/ folder away to start the point from scratch."
+        ) from None
     for key, module in modules.items():
         named = dict(module.named_parameters())
         with torch.no_grad():

@@ -13,7 +13,6 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,7 +273,7 @@ class Trainer:
         metrics["perf/train_tokens"] = float(batch.attention_mask.sum())
         # wall times vary between identical runs: they go to timings.jsonl, so that
         # metrics.jsonl stays bit-identical for the same config and seed
-        self._timing(update, rollout_s=t_roll, update_s=time.time() - t0 - t_roll)
+        self.logger.log_timings(update, {"rollout_s": t_roll, "update_s": time.time() - t0 - t_roll})
         return metrics
 
     def _mi(self, eps: list[Episode]) -> dict[str, float]:
@@ -294,10 +293,6 @@ class Trainer:
             pad_id=self.policy.chat.pad_id,
             temperature=self.cfg.rollout.temperature,
         )
-
-    def _timing(self, update: int, **seconds: float) -> None:
-        with open(self.run_dir / "timings.jsonl", "a") as f:
-            f.write(json.dumps({"update": update, **seconds}) + "\n")
 
     def _track_best(self, update: int, ev: dict[str, float]) -> None:
         s = ev.get("eval_greedy/success", 0.0)

@@ -3,6 +3,7 @@
 Regenerate the golden files after an intended change with UPDATE_GOLDEN=1 and read the diff."""
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -100,7 +101,10 @@ def test_unknown_format_names_the_choices(clip_sweep):
 
 
 def test_diverged_runs_are_results_and_said_so(clip_sweep):
-    (clip_sweep / "clip.level=dual__seed1" / "status").write_text("diverged\n")
+    d = clip_sweep / "clip.level=dual__seed1"
+    (d / "status").write_text("diverged\n")
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "status": "diverged"}))
     text = render(table_for(clip_sweep), "markdown")
     assert "| dual | 3/3 | 0.00 ± 0.00 | 0.75 ± 0.25 |" in text
     assert "Diverged runs count as results, with the metrics they had when stopped: dual seed 1." in text
@@ -112,3 +116,28 @@ def test_stray_point_without_seed_or_config_is_listed(clip_sweep):
     t = table_for(clip_sweep)
     assert any(m.endswith("[stray]: running (no config.yaml; no summary.json)") for m in t.missing)
     assert "| ppo | 3/3 | 0.00 ± 0.00 | 0.50 ± 0.25 |" in render(t, "markdown")
+
+
+def test_corrupt_points_are_never_counted_and_the_seeds_column_says_so(clip_sweep):
+    (clip_sweep / "clip.level=ppo__seed1" / "summary.json").write_text("\x00garbage{")
+    with open(clip_sweep / "clip.level=ppo__seed2" / "metrics.jsonl", "a") as f:
+        f.write('{"update": 11, "env/succ')  # cut mid-line on a finished point
+    (clip_sweep / "clip.level=dual__seed0" / "status").write_bytes(os.urandom(64) + b"\xff\xfe")
+    t = table_for(clip_sweep)
+    text = render(t, "markdown")
+    assert "| ppo | 1/3 (2 corrupt) | 0.25" in text and "| dual | 2/3 (1 corrupt) | 0.88" in text
+    assert "(k corrupt): seeds whose result files are damaged are not counted" in text
+    corrupt = {m.split("[")[1].split("]")[0]: m for m in t.missing if ": corrupt" in m}
+    assert set(corrupt) == {"clip.level=ppo__seed1", "clip.level=ppo__seed2", "clip.level=dual__seed0"}
+    assert "summary.json is not valid JSON" in corrupt["clip.level=ppo__seed1"]
+    assert "metrics.jsonl line 12 of 12 is not a JSON row" in corrupt["clip.level=ppo__seed2"]
+    assert "status is not text" in corrupt["clip.level=dual__seed0"]
+    assert t.data.set_index("clip.level").loc["ppo", "corrupt"] == 2
+
+
+def test_points_from_different_cpu_code_paths_are_flagged(clip_sweep):
+    for i, d in enumerate(sorted(p for p in clip_sweep.iterdir() if p.is_dir())):
+        summary = json.loads((d / "summary.json").read_text())
+        cpu = {"model": "x", "torch_kernels": "AVX512" if i == 0 else "AVX2", "blas": "mkl"}
+        (d / "summary.json").write_text(json.dumps({**summary, "cpu": cpu}))
+    assert "points ran on 2 different CPU code paths" in " ".join(table_for(clip_sweep).provenance)

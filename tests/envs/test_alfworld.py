@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 
@@ -188,3 +189,10 @@ def test_parser_caches_keep_behaviour_and_sys_argv(cache, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["harness", "run"])
     make(cache).reset(3)  # fast-downward's translator rewrites sys.argv; we restore it
     assert sys.argv == ["harness", "run"]
+
+
+def test_playing_leaves_the_process_environment_as_it_was(cache, monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # `import alfworld` would set it process-wide
+    before = dict(os.environ)
+    assert expert_run(make(cache), 0).info["won"]
+    assert dict(os.environ) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 
@@ -278,3 +279,24 @@ def test_close_releases_the_interpreter_and_reset_reopens(cache):
     first = env.reset(0)[0]
     env.close()
     assert env.reset(0)[0] == first
+
+
+def test_generating_a_game_leaves_the_process_environment_as_it_was(tmp_path):
+    before = dict(os.environ)
+    game_path(TextWorld.Options(cache_dir=str(tmp_path / "cache")), 7)
+    assert dict(os.environ) == before
+    assert (tmp_path / "cache" / ".home" / "Inform").is_dir()  # where Inform 7 wrote instead of $HOME
+
+
+def test_scoped_env_restores_the_variable_after_an_error(monkeypatch):
+    from envs.text_game import scoped_env
+
+    monkeypatch.delenv("HARNESS_PROBE", raising=False)
+    with pytest.raises(RuntimeError), scoped_env("HARNESS_PROBE", "x"):
+        assert os.environ["HARNESS_PROBE"] == "x"
+        raise RuntimeError
+    assert "HARNESS_PROBE" not in os.environ
+    monkeypatch.setenv("HOME", "/original")
+    with scoped_env("HOME", None):  # leave it, but undo what the block sets
+        os.environ["HOME"] = "/changed"
+    assert os.environ["HOME"] == "/original"

@@ -5,7 +5,8 @@ Selected with HARNESS_TRAIN_FN=fake_trainer:train (tests/harness on PYTHONPATH) 
 must reproduce them exactly. Behaviour switches come from the config so sweep points differ:
 model.name "fake-fail" raises, "fake-diverge" raises Diverged, "fake-flaky" fails until the
 file <run_dir>/heal exists, "fake-crash" kills its own process; env var FAKE_TRAIN_DELAY sleeps
-per update and FAKE_INTERRUPT_AT raises KeyboardInterrupt at that update.
+per update and FAKE_INTERRUPT_AT raises KeyboardInterrupt at that update; tests/harness/pause.py
+stops a point after an update until the test lets it go.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from pause import pause_point
 
 from harness.config.errors import Diverged
 from harness.experiments.tracking import append_jsonl, atomic_write_json
@@ -54,4 +57,5 @@ def train(cfg, run_dir, logger, progress=None) -> dict:
         if cfg.train.checkpoint_every and u % cfg.train.checkpoint_every == 0:
             ckpt.parent.mkdir(exist_ok=True)
             atomic_write_json(ckpt, {"update": u})
+        pause_point(run_dir, u)
     return {"final/success": metric(seed, n, lr), "updates": n}

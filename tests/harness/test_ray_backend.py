@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pause import paused, wait_until
 
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RAY = Path(sys.executable).parent / "ray"
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+TOKEN = secrets.token_hex(32)  # the test head's authentication token
 
 
 def cli_env(**env: str) -> dict[str, str]:
@@ -72,7 +75,8 @@ def reachable(ip: str, port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """`ray start --head --block` on 127.0.0.1; stopped (SIGTERM to that process) after the module."""
+    """`ray start --head --block` on 127.0.0.1 with token authentication (TOKEN); stopped (SIGTERM to
+    that process) after the module."""
     port, temp = free_port(), tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Unix socket paths
     log = open(Path(temp) / "head.log", "w")
     proc = subprocess.Popen(
@@ -93,7 +97,7 @@ def ray_head():
             temp,
             "--block",
         ],
-        env=cli_env(**LOOPBACK_ONLY),
+        env=cli_env(**LOOPBACK_ONLY, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -152,6 +156,7 @@ def test_ray_sweep_matches_the_local_backend_with_the_real_trainer(tmp_path, ray
         str(tmp_path / "ray"),
         "--no-mlflow",
         HARNESS_TRAIN_FN="",
+        RAY_AUTH_TOKEN=TOKEN,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sweep s: 2 done, 0 diverged, 0 failed" in out.stdout
@@ -223,22 +228,17 @@ def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
         str(results),
         "--no-mlflow",
     ]
-    env = cli_env(HARNESS_TRAIN_FN="tune_fake_trainer:train", FAKE_TRAIN_DELAY="0.5")
+    env = cli_env(HARNESS_TRAIN_FN="tune_fake_trainer:train", FAKE_PAUSE_AT="3")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     dirs = [results / "s" / p.id for p in load_sweep(path).points]
-    deadline = time.monotonic() + 120
-    while not all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.2)
+    wait_until(lambda: all(map(paused, dirs)), proc)  # both wait after update 3 for the signal
     proc.send_signal(signal.SIGTERM)  # the CLI turns it into Ctrl-C: running tasks are cancelled
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130 and "interrupted: run the same command again" in out, out
     for d in dirs:
         assert (d / "status").read_text().strip() == "running"
         assert [e["event"] for e in read_jsonl(d / "events.jsonl")] == ["start", "interrupted"]
-    again = subprocess.run(
-        cmd, cwd=REPO, env={**env, "FAKE_TRAIN_DELAY": "0"}, capture_output=True, text=True, timeout=300
-    )
+    again = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_PAUSE_AT": ""}, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
     for d in dirs:
         starts = [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")]
@@ -260,3 +260,32 @@ def test_missing_ray_and_misplaced_options_are_clear_messages(tmp_path):
     assert "pip install -e '.[dist]'" in out.stderr and "Traceback" not in out.stderr
     out = harness("sweep", str(path), "--address", "127.0.0.1:1", "--results", str(tmp_path / "r"))
     assert out.returncode == 2 and "--address and --retries apply to --backend ray" in out.stderr
+
+
+def test_joining_a_cluster_needs_a_token_or_insecure(tmp_path, ray_head):
+    base = {"env": {"name": "frozenlake"}, "tracking": {"mlflow": False}}
+    path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})
+    args = ["sweep", str(path), "--backend", "ray", "--address", ray_head, "--results", str(tmp_path / "r")]
+    no_token = {"HOME": str(tmp_path / "home"), "RAY_AUTH_TOKEN": "", "HARNESS_TRAIN_FN": "tune_fake_trainer:train"}
+    out = harness(*args, **no_token)
+    assert out.returncode == 2 and "needs its authentication token and none was found" in out.stderr, out.stderr
+    assert "--insecure" in out.stderr and "Traceback" not in out.stderr and not (tmp_path / "r").exists()
+    out = harness(*args, **no_token, RAY_AUTH_MODE="disabled")
+    assert out.returncode == 2 and "RAY_AUTH_MODE=disabled turns Ray's token authentication off" in out.stderr
+    out = harness(*args, "--insecure", **no_token)  # the cluster wants its token: Ray refuses the driver
+    assert out.returncode == 1 and f"cannot start or reach the Ray cluster at {ray_head}" in out.stderr, out.stderr
+    out = harness("sweep", str(path), "--insecure", "--results", str(tmp_path / "r"))
+    assert out.returncode == 2 and "--insecure applies to --backend ray --address" in out.stderr
+
+
+def test_only_the_allow_listed_variables_reach_the_tasks(monkeypatch):
+    from harness.experiments.ray_backend import RayExecutor
+
+    secrets_env = {"HF_TOKEN": "hf_x", "MLFLOW_TRACKING_PASSWORD": "pw", "MLFLOW_TRACKING_TOKEN": "t", "AWS_KEY": "k"}
+    hooks = {"HARNESS_TRAIN_FN": "evil:train", "HARNESS_TESTING": "1"}
+    kept = {"HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "HARNESS_CACHE": "/c"}
+    for k, v in {**secrets_env, **hooks, **kept}.items():
+        monkeypatch.setenv(k, v)
+    env = RayExecutor(None)._env()
+    assert not set(secrets_env) & set(env) and not set(hooks) & set(env)
+    assert {k: env[k] for k in kept} == kept and "PYTHONPATH" in env

@@ -10,14 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import fake_trainer
 import pytest
+from pause import pause_at, paused, resume, wait_until
 
-from harness.experiments.runner import RunOptions, plan, read_status, run_point, run_sweep
+from harness.experiments.point import RunOptions, read_status, run_point
+from harness.experiments.runner import plan, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger, atomic_write_text, read_jsonl
 
@@ -70,6 +71,7 @@ def test_a_sweep_writes_every_point_folder(tmp_path):
         assert summary["status"] == "done" and summary["config_hash"] == p.config_hash
         assert summary["metrics"]["final/success"] == fake_trainer.metric(p.seed, 6, p.config.algo.lr)
         assert summary["code_version"]["commit"] and summary["packages"]["torch"]
+        assert summary["cpu"]["torch_kernels"] and summary["cpu"]["model"]  # what decides the float bits
         assert summary["timings"]["attempts"] == 1 and summary["timings"]["wall_s"] >= 0
         assert "algo:" in (d / "config.yaml").read_text()
         assert not [f for f in os.listdir(d) if ".tmp" in f]  # atomic writes leave nothing behind
@@ -122,7 +124,15 @@ def test_failures_do_not_stop_the_sweep_and_are_retried_only_on_request(tmp_path
     )
     sweep = load_sweep(make_sweep(tmp_path, points=points, grid="algo.lr: [1.0e-4]", seeds="[0]"))
     first = run_sweep(sweep, opts(tmp_path))
-    assert first.counts == {"done": 1, "diverged": 1, "failed": 2, "skipped": 0, "busy": 0}
+    assert first.counts == {
+        "done": 1,
+        "diverged": 1,
+        "failed": 2,
+        "skipped": 0,
+        "busy": 0,
+        "corrupt": 0,
+        "elsewhere": 0,
+    }
     assert not first.ok
     dirs = {p.variant: tmp_path / "results" / "s" / p.id for p in sweep.points}
     assert read_status(dirs["bad"]) == "failed"
@@ -249,14 +259,6 @@ def _cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _cli_sweep(tmp_path: Path, lrs: str, updates: int, workers: int) -> tuple[Any, list[Path], list[str]]:
     """A one-seed sweep over algo.lr: (sweep, its point folders, the `harness sweep` command)."""
     sweep_file = make_sweep(
@@ -282,28 +284,19 @@ def _cli_sweep(tmp_path: Path, lrs: str, updates: int, workers: int) -> tuple[An
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, workers):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4, 3.0e-4", 12, workers)
+    for d in dirs[1:]:  # the first point finishes; the others stop past a checkpoint (update 7 of 12)
+        pause_at(d, 7)
     proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        cmd, cwd=tmp_path, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
-
-    # kill when one point is done and another is part way (between two checkpoints or past one)
-    def part_way() -> bool:
-        rows = [len(read_jsonl(d / "metrics.jsonl")) for d in dirs]
-        return any(read_status(d) == "done" for d in dirs) and any(
-            read_status(d) == "running" and 5 <= n <= 9 for d, n in zip(dirs, rows)
-        )
-
-    _wait_for(part_way, proc)
+    # with one worker the third point never starts; with two it runs beside the second
+    wait_until(lambda: read_status(dirs[0]) == "done" and all(map(paused, dirs[1 : workers + 1])), proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {d: read_status(d) for d in dirs}
-    assert "done" in before.values() and "running" in before.values()
-
+    assert before[dirs[0]] == "done" and before[dirs[1]] == "running"
+    for d in dirs:  # a point that never started keeps its pause request
+        (d / "fake_pause_at").unlink(missing_ok=True)
     rerun = subprocess.run(cmd, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     for p, d in zip(sweep.points, dirs):
@@ -313,7 +306,7 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
         if before[d] == "done":
             assert starts == [0]  # finished before the kill: not recomputed
         elif before[d] == "running":
-            assert len(starts) == 2 and starts[1] >= 4  # resumed from its checkpoint
+            assert starts == [0, 6]  # resumed from its last checkpoint
         else:
             assert starts == [0]
 
@@ -321,14 +314,9 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4", 40, workers=2)
     proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=_cli_env(FAKE_TRAIN_DELAY="0.05"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        cmd, cwd=tmp_path, env=_cli_env(FAKE_PAUSE_AT="3"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    _wait_for(lambda: all(len(read_jsonl(d / "metrics.jsonl")) >= 3 for d in dirs), proc)
+    wait_until(lambda: all(map(paused, dirs)), proc)  # both points wait after update 3 for the signal
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
@@ -338,9 +326,30 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     for p, d in zip(sweep.points, dirs):
         check_complete(d, p.seed, p.config.algo.lr, 40)
+        assert [c["start"] for c in calls(d)] == [0, 2]
+
+
+def test_two_sweeps_sharing_a_folder_both_exit_0_when_every_point_ends_done(tmp_path):
+    sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4, 3.0e-4", 4, workers=1)
+    pause_at(dirs[0], 2)  # the first sweep holds the first point until the second has done the rest
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_until(lambda: paused(dirs[0]), first)
+    second = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_until(lambda: all(read_status(d) == "done" for d in dirs[1:]), second)
+    resume(dirs[0])  # the second sweep is waiting for the first point: let it finish
+    outs = [p.communicate(timeout=300)[0].decode() for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outs
+    assert "1 done, 0 diverged, 0 failed, 2 skipped (finished before)" in outs[0]
+    assert "2 done, 0 diverged, 0 failed, 0 skipped (finished before), 1 finished by another process" in outs[1]
+    for p, d in zip(sweep.points, dirs):
+        check_complete(d, p.seed, p.config.algo.lr, 4)
+        assert len(calls(d)) == 1  # every point trained once
 
 
 def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
+    """The same config and seed, once in this process with environments in-process, once in a fresh
+    process (its own hash seed, its own model cache: the tokenizer and the pre-training run again)
+    with environments in worker processes: identical metrics.jsonl."""
     from harness.experiments.sweep import single_point
 
     overrides = [
@@ -356,15 +365,49 @@ def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_pat
         "train.device=cpu",
         "tracking.mlflow=false",
     ]
-    point = single_point(REPO / "configs" / "frozenlake_tiny.yaml", overrides).points[0]
+    config = REPO / "configs" / "frozenlake_tiny.yaml"
+    point = single_point(config, overrides).points[0]
+    assert run_point(point, "det", RunOptions(results=tmp_path / "a"))["status"] == "done"
+    workers = single_point(config, overrides + ["env.workers=2"]).points[0]
+    cmd = [sys.executable, "-m", "harness", "run", str(config), *(f"-o{o}" for o in overrides), "-oenv.workers=2"]
+    env = {**_cli_env(), "HARNESS_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "random", "HARNESS_TRAIN_FN": ""}
+    out = subprocess.run(
+        [*cmd, "--name", "det", "--out", str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = (tmp_path / "a" / "det" / point.id / "metrics.jsonl").read_bytes()
+    assert a and a == (tmp_path / "b" / "det" / workers.id / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_textworld_runs_are_identical_with_and_without_env_workers(tmp_path):
+    """The TextWorld learning config, cut to two updates on a small model: environments in worker
+    processes or in-process, the same metrics.jsonl (about 4 minutes: 70 games are generated)."""
+    from harness.experiments.sweep import single_point
+
+    pytest.importorskip("textworld")
+    overrides = [
+        "train.updates=2",
+        "train.eval_every=1",
+        "train.eval_episodes=4",
+        "train.mi_every=0",
+        "rollout.tasks_per_update=2",
+        "rollout.group_size=2",
+        "env.train_tasks=4",
+        "env.heldout_tasks=4",
+        "model.tiny.pretrain_demos=8",
+        "model.tiny.pretrain_epochs=1",
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.intermediate_size=64",
+        f"env.options.cache_dir={tmp_path / 'games'}",
+        "tracking.mlflow=false",
+    ]
     rows = []
-    for out in ("a", "b"):
-        res = run_point(point, "det", RunOptions(results=tmp_path / out))
-        assert res["status"] == "done", res
-        rows.append(
-            [
-                {k: v for k, v in r.items() if not k.startswith("perf/")}
-                for r in read_jsonl(tmp_path / out / "det" / point.id / "metrics.jsonl")
-            ]
-        )
+    for workers in (2, 0):
+        point = single_point(REPO / "configs" / "textworld_learn.yaml", overrides + [f"env.workers={workers}"]).points[
+            0
+        ]
+        assert run_point(point, "tw", RunOptions(results=tmp_path / str(workers)))["status"] == "done"
+        rows.append((tmp_path / str(workers) / "tw" / point.id / "metrics.jsonl").read_bytes())
     assert rows[0] and rows[0] == rows[1]

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import fake_trainer
 import pytest
+from pause import wait_until
 
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger, default_tracking_uri, read_jsonl
 
 pytest.importorskip("mlflow")
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BASE_WITH_MLFLOW = "env: {name: frozenlake}\ntrain: {updates: 3, checkpoint_every: 1}\n"
 
 
 @pytest.fixture
@@ -93,3 +101,56 @@ def test_a_broken_store_never_stops_the_run(tmp_path, capsys):
     logger.close("done")
     assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"update": 1, "x": 1.0}]
     assert "MLflow logging" in capsys.readouterr().err
+
+
+RACER = """
+import sys, time
+from pathlib import Path
+from harness.experiments.tracking import ensure_experiment
+folder = Path(sys.argv[1])
+(folder / f"ready-{sys.argv[2]}").touch()
+while not (folder / "go").exists():  # every racer is imported and waiting: start together
+    time.sleep(0.001)
+print(ensure_experiment(f"sqlite:///{folder / 'mlflow.db'}", "s"))
+"""
+
+
+def test_processes_creating_one_fresh_store_at_once_all_get_a_complete_store(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(tmp_path), str(i)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(3)
+    ]
+    wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 3)
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert len({out.strip() for out, _ in outs}) == 1  # one experiment
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = client(uri)
+    run = c.create_run(c.get_experiment_by_name("s").experiment_id)  # the store works for later runs
+    c.log_metric(run.info.run_id, "x", 1.0)
+    assert c.get_run(run.info.run_id).data.metrics == {"x": 1.0}
+
+
+def test_two_first_sweeps_into_a_fresh_folder_both_log_to_mlflow(tmp_path):
+    from test_runner import make_sweep
+
+    path, results = make_sweep(tmp_path, base=BASE_WITH_MLFLOW), tmp_path / "results"
+    cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--results", str(results)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}",
+        "HARNESS_TRAIN_FN": "fake_trainer:train",
+        "MLFLOW_TRACKING_URI": "",
+    }
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in "ab"]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not [o for o in outs if "warning: MLflow" in o], outs  # no "not ready" / "switched off" warning
+    c = client(f"sqlite:///{results.resolve() / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("s").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == sorted(p.id for p in load_sweep(path).points)
+    assert {r.info.status for r in runs} == {"FINISHED"}

@@ -122,6 +122,8 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(tmp_path):
     resumed, _ = run(cfg, tmp_path / "cut")
     assert [r["update"] for r in resumed] == [0, 1, 2, 3, 4]
     assert resumed == full
+    timings = [json.loads(line)["update"] for line in (tmp_path / "cut" / "timings.jsonl").read_text().splitlines()]
+    assert timings == [1, 2, 3, 4]  # the row of update 3 from before the interruption is not kept twice
 
 
 @pytest.mark.parametrize(

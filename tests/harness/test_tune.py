@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -20,6 +19,7 @@ import pytest
 import tune_fake_trainer
 import yaml
 from optuna.trial import TrialState
+from pause import RESUME, paused, resume, wait_until
 
 from harness.config.errors import ConfigError
 from harness.experiments.study import load_study
@@ -88,14 +88,6 @@ def calls(results: Path, point: str, name: str = "s") -> list[dict]:
     return read_jsonl(results / name / point / tune_fake_trainer.CALLS)
 
 
-def wait_for(condition, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        assert proc is None or proc.poll() is None, proc.communicate()
-        time.sleep(0.1)
-
-
 # ----------------------------------------------------------------------------- in-process
 def test_trials_are_points_and_pruned_trials_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_TRAIN_FN", FAKE)
@@ -162,25 +154,29 @@ def test_objective_value_final_best_and_missing_metric():
 
 # ----------------------------------------------------------------------------- interruptions
 def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path, Path, str]:
-    """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint."""
+    """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint.
+
+    Every trial stops after update 2 until this lets it go: the first two are let go, the third is
+    where the signal arrives."""
     path, results = study_file(tmp_path, **over), tmp_path / "results"
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"],
         cwd=REPO,
-        env=cli_env(FAKE_TRAIN_DELAY="0.4"),
+        env=cli_env(FAKE_PAUSE_AT="2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
 
-    def third_running() -> list[Path]:
-        dirs = [d for d in (results / "s").glob("lr=*") if (d / "status").exists()] if (results / "s").exists() else []
-        done = [d for d in dirs if (d / "status").read_text().strip() == "done"]
-        busy = [d for d in dirs if d not in done and (d / "checkpoint" / "state.json").exists()]
-        return busy if len(done) == 2 else []
+    def waiting() -> list[Path]:
+        dirs = list((results / "s").glob("lr=*")) if (results / "s").exists() else []
+        return [d for d in dirs if paused(d) and not (d / RESUME).exists()]
 
-    wait_for(lambda: bool(third_running()), proc=proc)
-    interrupted = third_running()[0]
+    for _ in range(2):
+        wait_until(lambda: bool(waiting()), proc)
+        resume(waiting()[0])
+    wait_until(lambda: bool(waiting()), proc)
+    interrupted = waiting()[0]
     proc.send_signal(sig)
     proc.communicate(timeout=60)
     return path, results, interrupted.name
@@ -226,11 +222,14 @@ def test_a_killed_worker_s_trial_is_run_again_after_its_heartbeat_goes_stale(tmp
 def test_two_workers_share_one_sqlite_study_without_duplicate_trials(tmp_path):
     path, results = study_file(tmp_path, n_trials=8), tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"]
-    env = cli_env(FAKE_TRAIN_DELAY="0.3")
+    gate = tmp_path / "both-workers-have-a-trial"  # each worker's first trial waits for the other's
+    env = cli_env(FAKE_PAUSE_AT="1", FAKE_GATE=str(gate))
     procs = [
         subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
+    wait_until(lambda: (results / "s").exists() and len([d for d in (results / "s").glob("lr=*") if paused(d)]) >= 2)
+    gate.touch()
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     ts = trials(results)

@@ -5,7 +5,8 @@ evaluation; every `train.eval_every` updates and the last one carry eval_greedy/
 score(lr, seed, update), larger for a larger algo.lr (so pruners have something to prune), and the
 progress callback gets them as the real trainer passes them. Resumes from checkpoint/state.json.
 model.name "fake-once" fails on the first call for its folder, "fake-fail" always; FAKE_TRAIN_DELAY
-sleeps per update. Each call appends {start, pid, ray_node_ip} to <run_dir>/fake_calls.jsonl.
+sleeps per update; tests/harness/pause.py stops a point after an update until the test lets it
+go. Each call appends {start, pid, ray_node_ip} to <run_dir>/fake_calls.jsonl.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from pause import pause_point
 
 from harness.experiments.tracking import append_jsonl, atomic_write_json, read_jsonl
 
@@ -62,4 +65,5 @@ def train(cfg, run_dir, logger, progress=None) -> dict:
             )
         ckpt.parent.mkdir(exist_ok=True)
         atomic_write_json(ckpt, {"update": u})
+        pause_point(run_dir, u)
     return {"final/eval_greedy/success": score(lr, seed, n)}

@@ -1,0 +1,266 @@
+"""Run one point of a sweep in this process: its folder, its lock, its status and summary.
+
+Each point owns results/<sweep>/<point_id>/:
+    config.yaml     the resolved config            summary.json   metrics, status, timings, provenance
+    metrics.jsonl   one row per update              samples.jsonl  sampled episodes
+    status          running | done | failed | diverged | pruned   (written last: the commit marker)
+    traceback.txt   on failure                      events.jsonl   one row per attempt start / end
+    checkpoint/     the trainer's, for resuming     mlflow_run_id  the MLflow run to continue
+A finished point whose files are damaged (analysis.integrity) is `corrupt`: running it again moves
+its files to <point>/.corrupt/<time>/ and starts it from scratch.
+
+Hooks: an exception with a string attribute `point_status` ends a point with that status instead of
+`failed` (harness tune's pruned trials: `pruned`); `RunOptions.tags` are added to the MLflow run's tags.
+
+Testing hook: with HARNESS_TESTING=1 in the environment (tests/conftest.py sets it), the variable
+HARNESS_TRAIN_FN="module:function" replaces `harness.rl.trainer:train` (same signature), e.g. a
+small deterministic fake trainer; without HARNESS_TESTING=1 it is ignored, with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from analysis.integrity import CORRUPT, FINISHED, point_problems
+from analysis.integrity import read_status as _read_status
+from harness.config.errors import Diverged, UnavailableError
+from harness.experiments.loading import dump_config, flatten
+from harness.experiments.provenance import environment
+from harness.experiments.sweep import Point
+from harness.experiments.tracking import (
+    RunLogger,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    config_warnings_recorded,
+    file_lock,
+    read_jsonl,
+)
+
+STATUS, SUMMARY, CONFIG, TRACEBACK, EVENTS, LOCK, QUARANTINE = (
+    "status",
+    "summary.json",
+    "config.yaml",
+    "traceback.txt",
+    "events.jsonl",
+    ".lock",
+    ".corrupt",
+)
+DEFAULT_TRAIN_FN = "harness.rl.trainer:train"
+TrainFn = Callable[..., dict]
+
+
+@dataclass
+class RunOptions:
+    results: Path = Path("results")
+    mlflow_uri: str | None = None  # None: MLflow off
+    train_fn: str | TrainFn | None = None  # None: harness.rl.trainer:train (or the testing hook, see above)
+    retry_failed: bool = False  # also run failed and corrupt points again
+    workers: int = 1
+    env_info: dict[str, Any] = field(default_factory=dict)  # provenance, computed once per sweep
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags (e.g. study, trial)
+    executor: Callable[..., None] | None = None  # (sweep, todo, opts, progress, result); e.g. the Ray backend
+
+
+# ----------------------------------------------------------------------------- the trainer
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def testing() -> bool:
+    return os.environ.get("HARNESS_TESTING") == "1"
+
+
+def train_fn_spec(train_fn: str | TrainFn | None) -> str | TrainFn:
+    if train_fn:
+        return train_fn
+    hook = os.environ.get("HARNESS_TRAIN_FN")
+    if hook and testing():
+        return hook
+    if hook:
+        print(
+            f"warning: HARNESS_TRAIN_FN={hook} ignored: it is a testing hook, honoured only with HARNESS_TESTING=1",
+            file=sys.stderr,
+        )
+    return DEFAULT_TRAIN_FN
+
+
+def resolve_train_fn(train_fn: str | TrainFn | None) -> TrainFn:
+    """A callable, or "module:function" imported now; a missing trainer is a one-line error."""
+    spec = train_fn_spec(train_fn)
+    if callable(spec):
+        return spec
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise UnavailableError(f"the trainer {spec!r} cannot be imported ({e}); check HARNESS_TRAIN_FN") from None
+        raise
+    fn = getattr(module, attr or "train", None)
+    if not callable(fn):
+        raise UnavailableError(f"{module_name} has no function {attr or 'train'!r} (from {spec!r})")
+    return fn
+
+
+def spec_string(train_fn: str | TrainFn | None) -> str:
+    """The trainer as "module:function", for worker processes and Ray tasks (which get it explicitly)."""
+    spec = train_fn_spec(train_fn)
+    return spec if isinstance(spec, str) else f"{spec.__module__}:{spec.__qualname__}"
+
+
+def _diverged_types(train: TrainFn) -> tuple[type, ...]:
+    """harness.config.errors.Diverged and the `Diverged` the trainer's module exports (the contract names
+    `harness.rl.trainer.Diverged`)."""
+    own = getattr(sys.modules.get(getattr(train, "__module__", ""), None), "Diverged", None)
+    return (Diverged, own) if isinstance(own, type) and issubclass(own, BaseException) else (Diverged,)
+
+
+# ----------------------------------------------------------------------------- status
+def read_status(run_dir: Path) -> str | None:
+    """The status word, None without one, `corrupt` when the status file is damaged."""
+    word, damaged = _read_status(run_dir)
+    return CORRUPT if damaged else word
+
+
+def point_state(run_dir: Path) -> str | None:
+    """read_status, and `corrupt` for a finished point whose files are damaged (analysis.integrity)."""
+    return CORRUPT if point_problems(run_dir) else read_status(run_dir)
+
+
+def point_dir(results: Path, sweep_name: str, point: Point) -> Path:
+    return Path(results) / sweep_name / point.id
+
+
+def quarantine(run_dir: Path) -> Path:
+    """Move everything a damaged point wrote (but its lock) to <point>/.corrupt/<time>/, so it runs from scratch."""
+    (run_dir / QUARANTINE).mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-")
+    dest = Path(tempfile.mkdtemp(prefix=stamp, dir=run_dir / QUARANTINE))
+    for entry in run_dir.iterdir():
+        if entry.name not in (LOCK, QUARANTINE):
+            shutil.move(str(entry), str(dest / entry.name))
+    return dest
+
+
+# ----------------------------------------------------------------------------- one point
+def _summary(point: Point, sweep: str, status: str, metrics: dict, error: str | None, run: dict) -> dict[str, Any]:
+    """run: started (ISO time), wall_s, run_dir, env_info."""
+    run_dir = run["run_dir"]
+    starts = [e for e in read_jsonl(run_dir / EVENTS) if e.get("event") == "start"]
+    return {
+        "point_id": point.id,
+        "sweep": sweep,
+        "variant": point.variant,
+        "label": point.label,
+        "seed": point.seed,
+        "overrides": point.overrides,
+        "is_baseline": point.is_baseline,
+        "status": status,
+        "error": error,
+        "metrics": metrics,
+        "updates_logged": len(read_jsonl(run_dir / "metrics.jsonl")),
+        "config_hash": point.config_hash,
+        "timings": {
+            "first_started_at": starts[0]["time"] if starts else run["started"],
+            "started_at": run["started"],
+            "finished_at": now_iso(),
+            "wall_s": round(run["wall_s"], 3),
+            "attempts": len(starts),
+        },
+        **(run["env_info"] or environment()),
+    }
+
+
+def _start(point: Point, run_dir: Path) -> str:
+    """Mark the point running (config, status, an event); returns the start time."""
+    started = now_iso()
+    if point_state(run_dir) == CORRUPT:
+        quarantine(run_dir)
+    atomic_write_text(run_dir / CONFIG, dump_config(point.config))
+    atomic_write_text(run_dir / STATUS, "running\n")
+    (run_dir / TRACEBACK).unlink(missing_ok=True)
+    resume = (run_dir / "checkpoint").exists()
+    append_jsonl(run_dir / EVENTS, [{"event": "start", "time": started, "pid": os.getpid(), "resume": resume}])
+    return started
+
+
+def run_point(
+    point: Point,
+    sweep: str,
+    opts: RunOptions,
+    progress: Callable[[dict], None] | None = None,
+    wait: bool = False,
+) -> dict[str, Any]:
+    """Run (or resume) one point in this process; returns {"status", "wall_s", "error"}.
+
+    Status `skipped`: finished before; `busy`: another process holds the point (with `wait`, this
+    waits for it to let go instead). A corrupt point runs from scratch (see `quarantine`).
+    KeyboardInterrupt propagates after the point is left resumable (status stays `running`)."""
+    run_dir = point_dir(opts.results, sweep, point)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with file_lock(run_dir / LOCK, blocking=wait) as locked:
+        if not locked:
+            return {"status": "busy", "wall_s": 0.0, "error": "running in another process"}
+        if point_state(run_dir) in FINISHED:
+            return {"status": "skipped", "wall_s": 0.0, "error": None}
+        t0 = time.monotonic()
+        started = _start(point, run_dir)
+        status, metrics, error, logger = _train(point, sweep, opts, run_dir, progress)
+        run = {"started": started, "wall_s": time.monotonic() - t0, "run_dir": run_dir, "env_info": opts.env_info}
+        atomic_write_json(run_dir / SUMMARY, _summary(point, sweep, status, metrics, error, run))
+        if logger is not None:
+            logger.close(status)
+        append_jsonl(run_dir / EVENTS, [{"event": "end", "time": now_iso(), "status": status}])
+        atomic_write_text(run_dir / STATUS, status + "\n")
+        return {"status": status, "wall_s": run["wall_s"], "error": error}
+
+
+def _train(
+    point: Point, sweep: str, opts: RunOptions, run_dir: Path, progress: Callable[[dict], None] | None
+) -> tuple[str, dict, str | None, RunLogger | None]:
+    """The trainer on one point: (status, summary metrics, error, the logger to close)."""
+    from harness.rl.seeding import seed_everything
+
+    logger, diverged = None, (Diverged,)
+    try:
+        train = resolve_train_fn(opts.train_fn)
+        diverged = _diverged_types(train)
+        tags = {
+            "point_id": point.id,
+            "sweep": sweep,
+            "variant": point.variant,
+            "config_hash": point.config_hash,
+            "seed": str(point.seed),
+            **opts.tags,
+        }
+        uri = opts.mlflow_uri if point.config.tracking.mlflow else None
+        logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
+        logger.log_params(flatten(point.config.model_dump(mode="json")))
+        seed_everything(point.config.train.seed)
+        with config_warnings_recorded(run_dir / EVENTS, point.id):
+            metrics = dict(train(point.config, run_dir, logger, progress) or {})
+        return "done", metrics, None, logger
+    except KeyboardInterrupt:
+        append_jsonl(run_dir / EVENTS, [{"event": "interrupted", "time": now_iso()}])
+        if logger is not None:
+            logger.close("interrupted")
+        raise
+    except Exception as e:  # noqa: BLE001 - a failing point never stops the sweep
+        if isinstance(e, diverged):
+            return "diverged", dict(getattr(e, "summary", None) or {}), str(e), logger
+        if isinstance(getattr(e, "point_status", None), str):  # a stop the caller asked for (a pruned trial)
+            return e.point_status, dict(getattr(e, "summary", None) or {}), str(e) or None, logger
+        atomic_write_text(run_dir / TRACEBACK, traceback.format_exc())
+        return "failed", {}, f"{type(e).__name__}: {e}", logger
