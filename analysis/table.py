@@ -272,7 +272,7 @@ def build_table(
     done = results[results["status"].isin(FINISHED)]
     cells = list(dict.fromkeys(results["cell"]))
     requested = requested_seeds(results, cells)
-    wanted = list(metrics or DEFAULT_METRICS)
+    wanted = list(metrics or default_metrics(results))
     primary = wanted[0] if wanted[0] != "collapsed_at" else None
     block, scores = _primary_block(results, curves, tasks, cells, primary, opts)
     extra_notes: list[str] = []
@@ -354,6 +354,12 @@ def check_metrics(wanted: list[str], known: list[str], where: Path) -> None:
         )
 
 
+def default_metrics(results: pd.DataFrame) -> tuple[str, ...]:
+    """The sweep's own leading metric (`metric:` of the sweep file, in sweep.json), then the defaults."""
+    lead = results.attrs["sweep"].raw.get("metric") if "sweep" in results.attrs else None
+    return (lead, *[m for m in DEFAULT_METRICS if m != lead]) if lead else DEFAULT_METRICS
+
+
 def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table:
     """Load a results folder (points, curves, per-task results) and build its table."""
     results = load_results(path)
@@ -361,6 +367,6 @@ def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table
     curves = load_curves(path, results)
     if metrics:
         check_metrics(list(metrics), known_metrics(results, curves), Path(path))
-    wanted = list(metrics or DEFAULT_METRICS)
+    wanted = list(metrics or default_metrics(results))
     tasks = load_tasks(Path(path), list(done["point"])) if wanted[0].startswith("final/eval_") else None
     return build_table(results, curves, metrics, tasks=tasks, **kw)

@@ -23,6 +23,7 @@ must also list the keys the preset changes.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 import shlex
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
+from harness.diagnostics.episode_metrics import EVAL_METRICS
 from harness.experiments.base_config import base_manifest, base_signature, excluded_keys
 from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
@@ -76,8 +78,22 @@ class SweepSpec(BaseModel):
     )
     seeds: list[Seed] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
     baseline: dict[str, Any] | str | None = Field(None, description="Reference variant: a label or overrides.")
+    metric: str = Field(
+        "eval_greedy/success",
+        description="The held-out metric the sweep's table leads with (its start, final, gain and Δ columns).",
+    )
 
     _base_kind = field_validator("base", mode="before")(check_base_kind)
+
+    @field_validator("metric")
+    @classmethod
+    def _held_out_metric(cls, value: str) -> str:
+        names = [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS]
+        if value not in names:
+            near = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+            hint = f" Did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"not a metric of the held-out evaluation.{hint} Choose one of: {', '.join(names)}")
+        return value
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -109,6 +125,7 @@ class Sweep:
     seeds: list[int]
     points: list[Point] = field(default_factory=list)
     command: str = ""  # the command line that expands to these points
+    metric: str = "eval_greedy/success"  # the held-out metric its table leads with
 
     def base_config(self) -> dict[str, Any]:
         """The base signature of the sweep (harness.experiments.base_config): the baseline's
@@ -137,6 +154,7 @@ class Sweep:
             "baseline": {a: get_dotted(ref, a) for a in axes},
             "baseline_variant": self.baseline,
             "seeds": self.seeds,
+            "metric": f"final/{self.metric}",
             **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
             "points": [
@@ -380,7 +398,9 @@ def load_sweep(
     points = [Point(**{**p.__dict__, "is_baseline": p.variant == baseline}) for p in points]
     command = ["harness", "sweep", str(path)] + [a for o in base_overrides for a in ("-o", o)]
     command += ["--seeds", ",".join(map(str, seeds))] if seeds is not None else []
-    return Sweep(spec.name, spec.description, path, axes, baseline, list(spec.seeds), points, shlex.join(command))
+    return Sweep(
+        spec.name, spec.description, path, axes, baseline, list(spec.seeds), points, shlex.join(command), spec.metric
+    )
 
 
 def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:

@@ -89,3 +89,42 @@ def evaluate(
         metrics.update(episode_metrics(eps, f"eval_{mode}", markers))
         rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
     return metrics, rows
+
+
+# Config sections and keys that cannot change the evaluation before RL: the algorithm, the
+# training loop (except how many episodes are evaluated and where), logging. The adapter starts as
+# an exact zero update, so every point that shares the rest shares its starting evaluation.
+_NOT_AT_START = ("algo", "tracking")
+_TRAIN_KEYS_AT_START = ("eval_episodes", "device")
+
+
+def start_key(cfg: RunConfig, policy_info: dict) -> str:
+    """Content hash of everything the evaluation before RL depends on."""
+    from harness.model.cache import code_version, content_hash
+    from harness.rl import rollout, sampling
+    from harness.transcript import chat, context
+
+    dump = cfg.model_dump(mode="json")
+    for section in _NOT_AT_START:
+        dump.pop(section)
+    dump["train"] = {k: dump["train"][k] for k in _TRAIN_KEYS_AT_START}
+    models = {k: policy_info.get(k) for k in ("base", "sft")}
+    code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key)
+    return content_hash({"config": dump, "models": models, "code": code})
+
+
+def cached_start(cfg: RunConfig, policy_info: dict, cache_dir, compute) -> tuple[dict[str, float], list[dict]]:
+    """(metrics, rows) of the evaluation before RL, from `cache_dir/start_eval/<key>` or `compute()`."""
+    import json
+    from pathlib import Path
+
+    from harness.model.cache import build_once
+
+    def build(out: Path) -> dict:
+        metrics, rows = compute()
+        (out / "rows.json").write_text(json.dumps(rows))
+        (out / "metrics.json").write_text(json.dumps(metrics))
+        return {"episodes": len(rows)}
+
+    entry, _ = build_once(Path(cache_dir) / "start_eval", start_key(cfg, policy_info), build)
+    return json.loads((entry / "metrics.json").read_text()), json.loads((entry / "rows.json").read_text())

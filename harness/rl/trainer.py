@@ -163,14 +163,27 @@ class Trainer:
 
     def evaluate(self, update: int) -> dict[str, float]:
         """Held-out evaluation with common random numbers (`harness.rl.evaluate`); one row per
-        episode goes to eval_tasks.jsonl for paired comparisons."""
-        eval_plan = evaluation.plan(self.heldout, self.cfg.train.eval_episodes)
-        metrics, rows = evaluation.evaluate(
-            self.policy, self.cfg, self._venv, eval_plan, update=update, budget=self.eval_budget(update),
-            instructions=self.instructions, markers=self.markers,
-        )  # fmt: skip
+        episode goes to eval_tasks.jsonl for paired comparisons. The evaluation before RL is the
+        starting policy's, the same for every point that shares it: it is computed once and cached."""
+        if update == 0:
+            metrics, rows = evaluation.cached_start(self.cfg, self.policy.info, cache_dir(), lambda: self._evaluate(0))
+        else:
+            metrics, rows = self._evaluate(update)
         self.logger.log_eval_tasks(update, rows)
         return metrics
+
+    def _evaluate(self, update: int) -> tuple[dict[str, float], list[dict]]:
+        eval_plan = evaluation.plan(self.heldout, self.cfg.train.eval_episodes)
+        return evaluation.evaluate(
+            self.policy,
+            self.cfg,
+            self._venv,
+            eval_plan,
+            update=update,
+            budget=self.eval_budget(update),
+            instructions=self.instructions,
+            markers=self.markers,
+        )
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict:

@@ -191,3 +191,27 @@ def test_forced_tokens_drop_runs_and_changes_only_the_denominators(tmp_path):
     drop, _ = run(cfg_with(algo={"forced_tokens": "drop"}, **base), tmp_path / "drop")
     assert drop[1]["diag/trained_tokens"] < count[1]["diag/trained_tokens"]  # FrozenLake moves end in forced tokens
     assert drop[1]["env/return"] == count[1]["env/return"]  # same rollout: only the loss mask differs
+
+
+def test_the_evaluation_before_rl_is_computed_once_and_shared(tmp_path, monkeypatch):
+    """Points that differ only in algorithm keys and seeds start from the same policy: their update-0
+    evaluations are one cached result, equal to what a fresh computation gives."""
+    from harness.model.cache import cache_dir
+    from harness.rl import evaluate
+
+    base = {"train": {"updates": 1, "eval_every": 0, "mi_every": 0}}
+    a, _ = run(cfg_with(**base), tmp_path / "a")
+    other = cfg_with(algo={"lr": 3e-3, "clip": {"level": "sequence"}}, train={**base["train"], "seed": 4})
+    b, _ = run(other, tmp_path / "b")
+    assert a[0] == b[0]
+    rows = lambda d: [r for r in (d / "eval_tasks.jsonl").read_text().splitlines() if '"update": 0' in r]  # noqa: E731
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
+    entries = list((cache_dir() / "start_eval").iterdir())
+    fresh = cache_dir().parent / "fresh"
+    monkeypatch.setenv("HARNESS_CACHE", str(fresh))
+    c, _ = run(cfg_with(**base), tmp_path / "c")  # builds the model and the start evaluation anew
+    assert c[0] == a[0] and rows(tmp_path / "c") == rows(tmp_path / "a")
+    assert len([e for e in entries if not e.name.startswith(".")]) >= 1
+    assert evaluate.start_key(cfg_with(**base), {"base": "x"}) != evaluate.start_key(
+        cfg_with(env={"heldout_tasks": 5}, **base), {"base": "x"}
+    )
