@@ -7,6 +7,7 @@ against it and `harness axes` prints each entry's doc and source.
 from . import gigpo as _gigpo  # noqa: F401  (registers "gigpo" into ADVANTAGE)
 from .advantage import ADVANTAGE
 from .aggregation import AGGREGATION, global_counts
+from .correction import CORRECTION
 from .filters import GROUP_FILTER
 from .kl import KL_ESTIMATOR, entropy_from_logits, kl_penalty_rewards
 from .normalization import ADV_NORM, check_norm_compatible
@@ -19,6 +20,8 @@ from .types import (
     AdvantageParams,
     AggParams,
     ClipParams,
+    CorrectionOutput,
+    CorrectionParams,
     EmptyBatchError,
     FilterParams,
     FilterResult,
@@ -32,6 +35,7 @@ AXES: dict[str, Registry] = {
     "algo.adv.norm": ADV_NORM,
     "algo.filter.name": GROUP_FILTER,
     "algo.kl.estimator": KL_ESTIMATOR,
+    "algo.correction.name": CORRECTION,
 }
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "ADV_NORM",
     "GROUP_FILTER",
     "KL_ESTIMATOR",
+    "CORRECTION",
     "PRESETS",
     "Registry",
     "Entry",
@@ -51,6 +56,8 @@ __all__ = [
     "AdvantageParams",
     "AggParams",
     "ClipParams",
+    "CorrectionOutput",
+    "CorrectionParams",
     "EmptyBatchError",
     "FilterParams",
     "FilterResult",

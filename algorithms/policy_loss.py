@@ -121,6 +121,50 @@ def no_clip(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipPa
     return clipped_objective(ratio, advantages, mask, off)
 
 
+def _band_stats(ratio, mask, params: ClipParams):
+    """Stats of a loss without a PPO clip: the "clip" fractions are the shares of trained tokens whose
+    ratio lies below 1 - eps_low / above 1 + eps_high, whatever the advantage's sign."""
+    m, r = mask.bool(), ratio.detach()
+    low, high = m & (r < 1.0 - params.eps_low), m & (r > 1.0 + params.eps_high)
+    return _stats(r, m, low, high, torch.zeros_like(m))
+
+
+@POLICY_LOSS.register(
+    "cispo",
+    doc="-sg(clip(w_k, 1-eps_low, 1+eps_high)) A_k logp_k: clipped, detached IS weight times the log-prob",
+    source="CISPO, MiniMax-M1 (MiniMax 2025, arXiv 2506.13585); verl compute_policy_loss_cispo",
+)
+def cispo(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
+    """The clip bounds a detached weight instead of the surrogate, so a token whose ratio left the
+    range keeps its gradient -w_hat A d logp. Bounds from algo.clip.eps_low / eps_high (verl's
+    defaults 0.2 / 0.2; eps_low >= 1 removes the lower bound, as in the paper). (B,T) in/out."""
+    m = mask.bool()
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask, params))
+    weight = ratio.detach().clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
+    adv = torch.where(m, advantages, torch.zeros_like(advantages))
+    lp = torch.where(m, logp, torch.zeros_like(logp))
+    loss = torch.where(m, -weight * adv * lp, torch.zeros_like(lp))
+    return loss, _band_stats(ratio, mask, params)
+
+
+@POLICY_LOSS.register(
+    "sapo",
+    doc="-sigmoid(tau (w_k - 1)) (4 / tau) A_k, tau = tau_pos if A > 0 else tau_neg: a soft gate, no clip",
+    source="SAPO (Qwen team 2025, arXiv 2511.20347); verl compute_policy_loss_sapo, TRL",
+)
+def sapo(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
+    """Soft adaptive gate f(w) = sigmoid(tau (w - 1)) 4 / tau: its gradient in logp is
+    4 w sigmoid'(tau (w - 1)) A, equal to A at w = 1 and decaying smoothly away from it.
+    tau from algo.clip.tau_pos / tau_neg (1.0 / 1.05). (B,T) in/out."""
+    m = mask.bool()
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask, params))
+    adv = torch.where(m, advantages, torch.zeros_like(advantages))
+    tau = torch.where(adv > 0, torch.full_like(ratio, params.tau_pos), torch.full_like(ratio, params.tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = torch.where(m, -gate * adv, torch.zeros_like(gate))
+    return loss, _band_stats(ratio, mask, params)
+
+
 def negative_advantage_seq_mask(logp, old_logp, advantages, mask, action_id, delta: float = 0.223) -> torch.Tensor:
     """SAMPO `use_seq_mask` (ARLArena): drop a turn-action when its A < 0 and
     mean_k log(old_p_k / p_k) > delta (its ratio fell below e^-delta).

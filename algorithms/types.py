@@ -94,18 +94,48 @@ class AdvantageOutput:
 class ClipParams:
     """eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low = DAPO
     clip-higher). dual_c: dual-clip bound c > 1 for A < 0, None = off (verl uses 3).
-    log_ratio_clamp: |logp - old_logp| clamped before exp (verl 20)."""
+    log_ratio_clamp: |logp - old_logp| clamped before exp (verl 20).
+    tau_pos / tau_neg: SAPO gate temperatures for A > 0 / A <= 0 (Qwen, verl and TRL: 1.0 / 1.05)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_c: float | None = None
     log_ratio_clamp: float = 20.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
     def __post_init__(self):
         if self.eps_low < 0 or self.eps_high < 0:
             raise ValueError(f"clip eps must be >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_c is not None and self.dual_c <= 1.0:
             raise ValueError(f"algo.clip.dual_c (dual clip) must be > 1, got {self.dual_c}")
+        if self.tau_pos <= 0 or self.tau_neg <= 0:
+            raise ValueError(f"SAPO temperatures must be > 0, got {self.tau_pos}, {self.tau_neg}")
+
+
+# ------------------------------------------------------------ off-policy corrections (docs/algorithms.md section 11)
+@dataclass(frozen=True)
+class CorrectionParams:
+    """c: the truncation cap C of tis_token / tis_seq (None = 2, verl) and the rejection cap of
+    decoupled (None = no cap, AReaL's default). lo / hi: the band of mis_token, mis_seq, icepop and
+    geo_seq_mask (None = that correction's default). log_ratio_clamp: |old_logp - rollout_logp|
+    (and its sequence sum) clamped before exp (verl 20)."""
+
+    c: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    log_ratio_clamp: float = 20.0
+
+
+@dataclass
+class CorrectionOutput:
+    """weight (B,T) or None (= 1): a detached factor on each token's policy loss.
+    reject (B,T) bool or None (= nothing rejected): tokens a rejection correction drops; whether
+    they leave the loss denominators or only get weight 0 is the caller's choice
+    (`algo.correction.rejected`)."""
+
+    weight: torch.Tensor | None = None
+    reject: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------ aggregation (docs/algorithms.md section 3)
@@ -154,6 +184,22 @@ class PolicyLossFn(Protocol):
         traj_id: torch.Tensor,
         params: ClipParams,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+class CorrectionFn(Protocol):
+    """`algo.correction.name`: from the sampler's (`rollout_logp`) and the behaviour log-probs
+    (`old_logp`), both (B,T), the weight and rejection of every token. mask (B,T): the sampled
+    (action) tokens the correction reads; seq_id (B,T) int: the sequence each token belongs to
+    (trajectory or turn-action), used by the sequence-level corrections."""
+
+    def __call__(
+        self,
+        rollout_logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        mask: torch.Tensor,
+        seq_id: torch.Tensor,
+        params: CorrectionParams,
+    ) -> CorrectionOutput: ...
 
 
 class AggregationFn(Protocol):

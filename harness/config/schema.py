@@ -16,7 +16,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from algorithms.advantage import CRITIC_ESTIMATORS
+from algorithms.correction import CORRECTION, check_params
 from algorithms.normalization import check_norm_compatible
+from algorithms.types import CorrectionParams
 
 # Config keys that were renamed: old dotted key -> new one. Loading a file that still uses an
 # old key fails with a message naming the new key (no silent aliases).
@@ -248,12 +250,66 @@ class AdvConfig(Strict):
 
 
 class ClipConfig(Strict):
-    level: str = F("token", "Importance-ratio level: token (PPO), sequence (GSPO), trajectory, none.")
-    eps_low: float = F(0.2, "Lower clip range (PPO 0.2; GSPO 3e-4; SAMPO 3e-3).", ge=0)
+    level: str = F(
+        "token",
+        "Importance-ratio level and policy loss: token (PPO), sequence (GSPO), trajectory, none, cispo "
+        "(MiniMax-M1), sapo (Qwen).",
+    )
+    eps_low: float = F(
+        0.2, "Lower clip range (PPO 0.2; GSPO 3e-4; SAMPO 3e-3; cispo: >= 1 removes the lower bound).", ge=0
+    )
     eps_high: float = F(0.2, "Upper clip range; > eps_low is DAPO clip-higher (0.28).", ge=0)
     dual_c: float | None = F(None, "Dual-clip constant c > 1 for negative advantages (verl: 3); null = off.", gt=1)
     seq_mask: bool = F(False, "SAMPO negative-advantage sequence mask (ARLArena).")
     seq_mask_delta: float = F(0.223, "SAMPO delta: drop A<0 actions whose mean log(old/new) > delta.", ge=0)
+    tau_pos: float = F(1.0, "sapo: gate temperature for tokens with A > 0 (SAPO, verl, TRL: 1.0).", gt=0)
+    tau_neg: float = F(1.05, "sapo: gate temperature for tokens with A <= 0 (SAPO, verl, TRL: 1.05).", gt=0)
+
+    @model_validator(mode="after")
+    def _dual_clip_level(self) -> ClipConfig:
+        if self.dual_c is not None and self.level in ("cispo", "sapo"):
+            raise ValueError(
+                f"algo.clip.dual_c = {self.dual_c:g} applies to the clipped surrogate of the token, sequence and "
+                f"trajectory levels; level {self.level!r} has no surrogate to bound: set algo.clip.dual_c: null"
+            )
+        return self
+
+
+class CorrectionConfig(Strict):
+    name: str = F(
+        "none",
+        "Off-policy correction of the sampler-trainer mismatch: none, tis_token, tis_seq, mis_token, mis_seq, "
+        "icepop, geo_seq_mask, decoupled (see `harness axes`).",
+    )
+    c: float | None = F(
+        None,
+        "Cap C: tis_token / tis_seq truncate their weight at C (null = 2, verl); decoupled rejects tokens whose "
+        "weight exceeds C (null = no cap; AReaL's examples use 5). Also the band [1/C, C] of the mismatch "
+        "diagnostics (null = 2).",
+        ge=1,
+    )
+    lo: float | None = F(
+        None, "Lower bound of the band of mis_token, mis_seq, icepop, geo_seq_mask (null = its default).", ge=0
+    )
+    hi: float | None = F(
+        None, "Upper bound of that band (null = its default: mis 2, icepop 5, geo_seq_mask 1.01).", gt=0
+    )
+    rejected: Literal["drop", "zero"] = F(
+        "drop",
+        "What a rejected token does (mis_token, mis_seq, geo_seq_mask, decoupled's cap): drop = it leaves the "
+        "policy loss and its denominator (verl); zero = its weight is 0 and the denominator keeps it (TRL, AReaL).",
+    )
+    unit: Literal["trajectory", "action"] = F(
+        "trajectory",
+        "The sequence of the sequence-level corrections (tis_seq, mis_seq, geo_seq_mask) and of the sequence "
+        "masked fraction: the whole trajectory (a verl/SkyRL multi-turn response) or one turn-action.",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> CorrectionConfig:
+        if self.name in CORRECTION:  # an unknown name is reported by the registry check
+            check_params(self.name, CorrectionParams(c=self.c, lo=self.lo, hi=self.hi))
+        return self
 
 
 class FilterConfig(Strict):
@@ -296,6 +352,9 @@ class AlgoConfig(Strict):
     kl: KLConfig = F(KLConfig(), "KL to the reference policy.")
     entropy_coef: float = F(0.0, "Entropy bonus coefficient.", ge=0)
     critic: CriticConfig = F(CriticConfig(), "PPO value head.")
+    correction: CorrectionConfig = F(
+        CorrectionConfig(), "Off-policy correction between the sampler's and the behaviour log-probs."
+    )
     forced_tokens: Literal["count", "drop"] = F(
         "count",
         "Constrained decoding: tokens that were the only admissible continuation have log-prob 0 and no "
@@ -340,6 +399,13 @@ class RolloutConfig(Strict):
     top_p: float = F(1.0, "Nucleus sampling.", gt=0, le=1)
     max_new_tokens: int = F(16, "Token limit of one action; reaching it counts as overflow.", ge=1, le=MAX_TOKENS)
     constrain: bool = F(False, "Constrain decoding to the admissible actions where the env lists them.")
+    sampler_dtype: Literal["same", "bfloat16", "float32"] = F(
+        "same",
+        "Dtype of the policy that samples training rollouts. same: the trainer's model itself. bfloat16 / "
+        "float32: a copy in that dtype, refreshed from the trainer's weights before every rollout, so sampler "
+        "and trainer differ as in engines that sample in another precision (held-out evaluation always uses "
+        "the trainer's model).",
+    )
 
 
 class TrainConfig(Strict):

@@ -1,7 +1,7 @@
 """The loss of one micro-batch: one policy pass, then the terms each axis contributes.
 
     log-probs, entropy (+ values) from one backbone pass     [policy_forward]
-    -> policy loss (algo.clip.level) -> aggregation (algo.agg)
+    -> policy loss (algo.clip.level) x correction weight (algo.correction) -> aggregation (algo.agg)
        + KL to the reference (algo.kl, where: loss) - entropy bonus + value loss (critic)
 
 Each axis is one registry call into `algorithms/`; nothing here branches on an axis value
@@ -95,12 +95,15 @@ def loss_terms(
     cfg: RunConfig,
     denominators: Denominators,
     policy_mask: torch.Tensor | None = None,
+    is_weight: torch.Tensor | None = None,
 ) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
     `policy_mask` (B, T): the tokens the policy loss trains on when it differs from the loss mask
-    (the SAMPO sequence mask; docs/algorithms.md section 2). As in ARLArena, the dropped actions
-    leave the policy loss and its denominator, while the KL and entropy terms keep every token."""
+    (the SAMPO sequence mask, docs/algorithms.md section 2; rejections of `algo.correction`, section 11).
+    As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
+    and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
+    token's policy loss, applied before aggregation (None = 1)."""
     a = cfg.algo
     agg = AGGREGATION.get(a.agg)
     logp, ent, values = policy_forward(
@@ -115,6 +118,8 @@ def loss_terms(
     pmask = mb.loss_mask if policy_mask is None else policy_mask
     clip = axis_params(ClipParams, a.clip)
     pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, pmask, mb.action_id, mb.traj_id, clip)
+    if is_weight is not None:
+        pl = pl * is_weight
     loss = agg(pl, pmask, denominators.policy)
     terms = {"loss/policy": loss.detach()}
     if a.kl.where == "loss" and a.kl.estimator != "none" and a.kl.coef > 0:

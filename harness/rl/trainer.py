@@ -4,7 +4,8 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
 
     load policy (+ SFT warm-up) -> resume checkpoint if present
     for each update:
-        tasks (seeded by (seed, update)) -> rollout (G episodes per task, lock-step)
+        tasks (seeded by (seed, update)) -> rollout (G episodes per task, lock-step; the sampler is
+        the trainer's model or its copy in rollout.sampler_dtype)
         -> group filter (dapo may refill) -> training batch (layout + masks)
         -> update (advantages, epochs x minibatches)       [harness.rl.losses]
         -> diagnostics -> metrics.jsonl + MLflow; held-out eval every k; checkpoint every k
@@ -34,6 +35,7 @@ from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import collect, turn_budget_at
+from harness.rl.sampler_copy import SamplerModel
 from harness.rl.seeding import seed_everything
 from harness.rl.update import make_optimizer, run_update
 from harness.rl.venvs import VenvPool
@@ -70,6 +72,7 @@ class Trainer:
         source, info = base_model(cfg, cache_dir())
         source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
         self.policy = attach_adapter(cfg, source, info, self.device)
+        self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype)  # rollout.sampler_dtype
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -108,7 +111,7 @@ class Trainer:
     ) -> list[Episode]:
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
         return collect(
-            self.policy.model,
+            self.sampler.model(),
             self.policy.chat,
             self._venv(len(tasks)),
             tasks,

@@ -1,6 +1,7 @@
 """One RL update on an assembled batch, top to bottom:
 
 behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
+-> off-policy correction (algo.correction) from the sampler's and the behaviour log-probs
 -> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
 -> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
    -> backward; clip grad -> optimizer step
@@ -23,6 +24,7 @@ from harness.config.schema import RunConfig
 from harness.rl.batch import TrainBatch
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.losses import Denominators, loss_terms, policy_forward
+from harness.rl.mismatch import Correction, batch_correction, mismatch_diagnostics
 
 
 def make_optimizer(policy, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -135,20 +137,27 @@ def _policy_masks(policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: Run
     return out
 
 
-def _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums) -> torch.Tensor:
-    """Gradient of one minibatch accumulated over its micro-batches; returns the gradient norm."""
+def _minibatch_step(
+    policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr: Correction | None = None
+) -> torch.Tensor:
+    """Gradient of one minibatch accumulated over its micro-batches; returns the gradient norm.
+    `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given."""
     a = cfg.algo
+    corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size)
     policy_masks = _policy_masks(policy, batch, micros, adv, fwd, cfg)
+    if a.clip.seq_mask:
+        kept = _counts(policy_masks, a.agg_len).num_tokens / max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
+        sums.setdefault("diag/seq_mask_kept_frac", []).append(torch.tensor(kept))
+    if corr.keep is not None:  # rejection with `rejected: drop`: out of the policy loss and its denominator
+        policy_masks = [pm * corr.keep[micro, : pm.shape[1]] for micro, pm in zip(micros, policy_masks)]
     denominators = Denominators(
         loss=replace(global_counts(batch.loss_mask[mb_idx]), agg_len=a.agg_len),
         policy=_counts(policy_masks, a.agg_len),
         # the critic is fitted on action tokens only (observations have no returns)
         value=replace(global_counts(batch.action_mask[mb_idx]), agg_len=a.agg_len),
     )
-    if a.clip.seq_mask:
-        kept = denominators.policy.num_tokens / max(denominators.loss.num_tokens, 1.0)
-        sums.setdefault("diag/seq_mask_kept_frac", []).append(torch.tensor(kept))
+    own_mask = a.clip.seq_mask or corr.keep is not None
     for micro, pmask in zip(micros, policy_masks):
         mb = batch.rows(micro)
         T = mb.input_ids.shape[1]
@@ -162,7 +171,8 @@ def _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums) -> torc
             _pick(returns, micro, T),
             cfg,
             denominators,
-            pmask if a.clip.seq_mask else None,
+            pmask if own_mask else None,
+            _pick(corr.weight, micro, T),
         )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")
@@ -178,13 +188,14 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     a = cfg.algo
     fwd = behaviour_forward(policy, batch, cfg)  # eval mode
     adv, returns = advantages(batch, fwd, cfg)
+    corr = batch_correction(batch, fwd.old_logp, cfg)  # depends on rollout and behaviour log-probs only
     sums: dict[str, list[torch.Tensor]] = {}
     steps = 0
     policy.model.train()
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
             optimizer.zero_grad(set_to_none=True)
-            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums)
+            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr)
             if not torch.isfinite(gn):
                 raise Diverged(f"non-finite gradient norm {gn.item()}")
             sums.setdefault("diag/grad_norm", []).append(gn.detach().float())
@@ -197,6 +208,7 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
         k: torch.stack(v).sum() / steps if k.startswith("loss/") else torch.stack(v).nanmean() for k, v in sums.items()
     }
     reduced.update(_update_diagnostics(batch, fwd, adv))
+    reduced.update(mismatch_diagnostics(batch, fwd.old_logp, corr, cfg))
     names = list(reduced)
     values = torch.stack([reduced[k].float() for k in names]).tolist()  # one sync point
     return dict(zip(names, values))
