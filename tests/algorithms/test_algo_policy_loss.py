@@ -71,6 +71,102 @@ def test_none_is_unclipped():
     assert stats["clip_frac"].item() == 0.0
 
 
+def _four_tokens():
+    old = torch.zeros(1, 5)
+    logp = torch.tensor([[LN(1.5), LN(0.5), LN(1.1), LN(0.7), 0.0]])
+    adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    return logp, old, adv, mask
+
+
+def test_cispo_hand_computed():
+    logp, old, adv, mask = _four_tokens()
+    x = logp.clone().requires_grad_(True)
+    loss, stats = _call("cispo", x, old, adv, mask)  # bounds 0.2 / 0.2 (verl's defaults)
+    # weight w_hat = clip(r, 0.8, 1.2) = 1.2, 0.8, 1.1, 0.8; loss = -w_hat A logp
+    w = [1.2, 0.8, 1.1, 0.8]
+    expected = [-w[0] * LN(1.5), w[1] * LN(0.5), -w[2] * LN(1.1), w[3] * LN(0.7), 0.0]
+    assert torch.allclose(loss, torch.tensor([expected]), atol=1e-6)
+    loss.sum().backward()
+    # every token keeps a gradient -w_hat A, the clipped ones too (PPO would give 0 on token 0)
+    assert torch.allclose(x.grad, torch.tensor([[-1.2, 0.8, -1.1, 0.8, 0.0]]), atol=1e-6)
+    assert stats["clip_frac_high"].item() == pytest.approx(0.25)
+    assert stats["clip_frac_low"].item() == pytest.approx(0.5)
+    assert stats["ratio_max"].item() == pytest.approx(1.5)
+
+
+def test_cispo_without_lower_bound():
+    """The paper's setting: eps_low >= 1 leaves the weight unbounded below."""
+    logp, old, adv, mask = _four_tokens()
+    x = logp.clone().requires_grad_(True)
+    loss, _ = _call("cispo", x, old, adv, mask, params=ClipParams(eps_low=1.0, eps_high=0.28))
+    loss.sum().backward()
+    assert torch.allclose(x.grad, torch.tensor([[-1.28, 0.5, -1.1, 0.7, 0.0]]), atol=1e-6)
+
+
+def test_sapo_hand_computed():
+    logp, old, adv, mask = _four_tokens()
+    x = logp.clone().requires_grad_(True)
+    loss, stats = _call("sapo", x, old, adv, mask)
+    sig = lambda z: 1.0 / (1.0 + math.exp(-z))  # noqa: E731
+    # tau = 1 for A > 0, 1.05 for A < 0; loss = -sigmoid(tau (r - 1)) 4 / tau A
+    expected = [
+        -sig(0.5) * 4.0,  # r = 1.5, A = +1: -2.4898
+        sig(1.05 * -0.5) * 4.0 / 1.05,  # r = 0.5, A = -1: +1.4159
+        -sig(0.1) * 4.0,
+        sig(1.05 * -0.3) * 4.0 / 1.05,
+        0.0,
+    ]
+    assert torch.allclose(loss, torch.tensor([expected]), atol=1e-6)
+    assert expected[0] == pytest.approx(-2.48984, abs=1e-5) and expected[1] == pytest.approx(1.41594, abs=1e-5)
+    loss.sum().backward()
+    # d loss / d logp = -4 A r sigmoid(z) (1 - sigmoid(z)), z = tau (r - 1): soft, never exactly 0
+    grad = [-4 * a * r * sig(t * (r - 1)) * (1 - sig(t * (r - 1))) for a, r, t in ((1, 1.5, 1.0), (-1, 0.5, 1.05))]
+    assert x.grad[0, 0].item() == pytest.approx(grad[0], rel=1e-5)
+    assert x.grad[0, 1].item() == pytest.approx(grad[1], rel=1e-5)
+    assert stats["clip_frac_high"].item() == pytest.approx(0.25)  # outside [0.8, 1.2], nothing clipped
+    assert stats["dual_clip_frac"].item() == 0.0
+
+
+def test_sapo_temperatures():
+    logp, old = torch.tensor([[LN(2.0), LN(2.0)]]), torch.zeros(1, 2)
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+    loss, _ = _call("sapo", logp, old, adv, mask, params=ClipParams(tau_pos=2.0, tau_neg=0.5))
+    sig = lambda z: 1.0 / (1.0 + math.exp(-z))  # noqa: E731
+    assert torch.allclose(loss, torch.tensor([[-sig(2.0) * 2.0, sig(0.5) * 8.0]]), atol=1e-6)
+    with pytest.raises(ValueError, match="SAPO temperatures"):
+        ClipParams(tau_neg=0.0)
+
+
+def _verl_cispo(logp, old, adv, eps_low, eps_high):
+    """verl compute_policy_loss_cispo, per token (before aggregation)."""
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
+    return -clipped * adv * logp
+
+
+def _verl_sapo(logp, old, adv, tau_pos, tau_neg):
+    """verl compute_policy_loss_sapo, per token (before aggregation)."""
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    taus = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
+    return -torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus) * adv
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 5), T=st.integers(1, 8), level=st.sampled_from(["cispo", "sapo"]))
+def test_cispo_and_sapo_match_verl_per_token(seed, B, T, level):
+    """Loss and gradient equal verl's per-token losses on the trained tokens (0 elsewhere)."""
+    logp, old, adv, mask, aid, tid = _random(seed, B, T)
+    params = ClipParams(0.2, 0.28, tau_pos=1.0, tau_neg=1.05)
+    x, y = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    ours, _ = POLICY_LOSS.get(level)(x, old, adv, mask, aid, tid, params)
+    ref = (_verl_cispo(y, old, adv, 0.2, 0.28) if level == "cispo" else _verl_sapo(y, old, adv, 1.0, 1.05)) * mask
+    assert torch.allclose(ours, ref, atol=1e-12)
+    ours.sum().backward()
+    ref.sum().backward()
+    assert torch.allclose(x.grad, y.grad, atol=1e-12)
+
+
 def _two_actions():
     # one row, action 0 = tokens 0-1, action 1 = tokens 2-3, token 4 = observation
     old = torch.zeros(1, 5)
@@ -140,7 +236,7 @@ def _random(seed, B, T, same=False):
     return logp, old, adv, mask, action_id, traj_id
 
 
-LEVELS = ["token", "sequence", "trajectory", "none"]
+LEVELS = ["token", "sequence", "trajectory", "none", "cispo", "sapo"]
 
 
 @settings(max_examples=50, deadline=None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.types import AdvantageParams, AggParams, ClipParams, FilterParams
+from algorithms.types import AdvantageParams, AggParams, ClipParams, CorrectionParams, FilterParams
 from harness.config.errors import ConfigError
 from harness.config.schema import RENAMED_KEYS, RunConfig, axis_params
 from harness.experiments.loading import (
@@ -147,6 +147,34 @@ MALFORMED = {
         ["algo.critic.enabled: true needs an estimator", "'gae'", "'reinforce_pp'", "not 'grpo'"],
     ),
     "vllm-not-implemented": ("rollout:\n  backend: vllm\n", [], ["rollout.backend 'vllm' is not implemented", "'hf'"]),
+    "bad-correction": (
+        "algo:\n  correction: {name: tis}\n",
+        [],
+        ["algo.correction.name = 'tis'", "tis_token", "icepop", "decoupled", "Did you mean"],
+    ),
+    "correction-band-without-band": (
+        "algo:\n  correction: {name: tis_token, lo: 0.5}\n",
+        [],
+        ["algo.correction.lo is set, but correction 'tis_token' has no band", "mis_token", "geo_seq_mask"],
+    ),
+    "correction-band-excludes-one": (
+        "",
+        ["algo.correction.name=icepop", "algo.correction.lo=1.5"],
+        ["[1.5, 5] of 'icepop' must contain 1", "algo.correction.lo <= 1"],
+    ),
+    "correction-cap-below-one": ("algo:\n  correction: {c: 0.5}\n", [], ["algo.correction.c = 0.5", "1"]),
+    "correction-rejected-literal": (
+        "algo:\n  correction: {rejected: keep}\n",
+        [],
+        ["algo.correction.rejected = 'keep'", "drop, zero"],
+    ),
+    "sampler-dtype": ("rollout:\n  sampler_dtype: fp16\n", [], ["rollout.sampler_dtype = 'fp16'", "bfloat16"]),
+    "dual-clip-on-cispo": (
+        "algo:\n  clip: {level: cispo, dual_c: 3}\n",
+        [],
+        ["algo.clip.dual_c = 3", "level 'cispo' has no surrogate", "algo.clip.dual_c: null"],
+    ),
+    "sapo-temperature": ("algo:\n  clip: {level: sapo, tau_neg: 0}\n", [], ["algo.clip.tau_neg = 0", "greater than 0"]),
 }
 
 
@@ -198,8 +226,15 @@ NOT_CONFIG = {
     AdvantageParams: {"eps", "whiten_eps"},
     FilterParams: set(),
     AggParams: {"num_tokens", "num_seqs"},
+    CorrectionParams: {"log_ratio_clamp"},
 }
-SECTIONS = {ClipParams: "algo.clip", AdvantageParams: "algo.adv", FilterParams: "algo.filter", AggParams: "algo"}
+SECTIONS = {
+    ClipParams: "algo.clip",
+    AdvantageParams: "algo.adv",
+    FilterParams: "algo.filter",
+    AggParams: "algo",
+    CorrectionParams: "algo.correction",
+}
 
 
 @pytest.mark.parametrize("cls", list(SECTIONS), ids=lambda c: c.__name__)
