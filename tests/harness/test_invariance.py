@@ -11,26 +11,32 @@ For each combination (on real rollouts of a tiny Qwen2 + LoRA policy on FrozenLa
   action token (both are computed on the trajectory stream of the same episodes).
 
 The combinations. The literal product of all values (clip level x SAMPO mask x agg x estimator x
-norm x filter x KL estimator x KL placement x critic x layout x mask x constrained decoding) has
-about 460k members, some 40 CPU-hours here, so the slow mark runs it factorised instead:
+norm x filter x KL estimator x KL placement x critic x layout x mask x constrained decoding x
+off-policy correction) has millions of members, so the slow mark runs it factorised instead:
 - LOSS: every clip level x SAMPO mask x agg x KL placement x critic x layout x observation mask x
   constrained decoding (the axes the loss, its denominators and its segments depend on), with the
   estimator / norm / filter / KL estimator cycled through their values;
 - ADVANTAGE: every estimator x norm x filter x KL estimator x KL placement x layout x observation
-  mask (the axes the advantages depend on), with the loss-side axes cycled.
+  mask (the axes the advantages depend on), with the loss-side axes cycled;
+- CORRECTION: every off-policy correction (and its rejection convention and sequence unit) x agg x
+  layout x observation mask (what its weights, rejections and denominators depend on), with the clip
+  level and SAMPO mask cycled. The sampler's log-probs are moved away from the behaviour policy's
+  (noise on every action token), so the corrections weight and reject tokens.
 Every value of every axis, and every pair of values that interact in the math, is covered. The
-default suite runs a seeded sample of both lists.
+default suite runs a seeded sample of the lists.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
-from algorithms import ADV_NORM, ADVANTAGE, AGGREGATION, GROUP_FILTER, KL_ESTIMATOR
+from algorithms import ADV_NORM, ADVANTAGE, AGGREGATION, CORRECTION, GROUP_FILTER, KL_ESTIMATOR, POLICY_LOSS
 from algorithms.types import EmptyBatchError, FilterParams
 from harness.config.errors import ConfigError
 from harness.config.schema import RunConfig, axis_params
@@ -55,15 +61,25 @@ BASE = _merge(
 )
 CLIP = [
     {"level": level, "seq_mask": mask, "eps_low": 0.2, "eps_high": 0.28, "seq_mask_delta": 1e-3}
-    for level in ("token", "sequence", "trajectory", "none")
+    for level in POLICY_LOSS.names()
     for mask in (False, True)
 ]
+# every correction with its defaults, plus the other rejection convention and sequence unit
+CORRECTIONS = [{"name": name} for name in CORRECTION.names()] + [
+    {"name": "mis_token", "rejected": "zero"},
+    {"name": "mis_seq", "unit": "action"},
+    {"name": "geo_seq_mask", "rejected": "zero", "unit": "action", "lo": 0.9, "hi": 1.1},
+    {"name": "tis_seq", "unit": "action"},
+    {"name": "decoupled", "c": 1.5},
+]
+NO_CORRECTION = {"name": "none"}
 KL = [("none", "loss")] + [(est, where) for est in ("k1", "k2", "k3") for where in ("loss", "reward")]
 LAYOUTS = ("concatenated", "per-step")
 
 
-def combo(clip, agg, estimator, norm, filt, kl, critic, layout, mask, constrain) -> dict:
+def combo(clip, agg, estimator, norm, filt, kl, critic, layout, mask, constrain, correction=NO_CORRECTION) -> dict:
     return {
+        "correction": correction,
         "clip": clip,
         "agg": agg,
         "estimator": estimator,
@@ -102,14 +118,28 @@ def advantage_side() -> list[dict]:
     return out
 
 
-ALL = loss_side() + advantage_side()
-SAMPLE = random.Random(0).sample(ALL, 14)
+def correction_side() -> list[dict]:
+    cyc = itertools.cycle(
+        itertools.product(CLIP, ADVANTAGE.names(), ("k1", "k2", "k3"), ("loss", "reward"), (False, True))
+    )
+    out = []
+    for corr, agg, layout, mask in itertools.product(CORRECTIONS, AGGREGATION.names(), LAYOUTS, (True, False)):
+        clip, est, kl_est, where, constrain = next(cyc)
+        est = "grpo" if est == "gae" else est  # gae needs a critic and the concatenated layout
+        out.append(combo(clip, agg, est, "group", "none", (kl_est, where), False, layout, mask, constrain, corr))
+    return out
+
+
+ALL = loss_side() + advantage_side() + correction_side()
+SAMPLE = random.Random(0).sample(loss_side() + advantage_side(), 14) + random.Random(3).sample(correction_side(), 4)
 
 
 def combo_id(c: dict) -> str:
     clip = c["clip"]["level"] + ("+mask" if c["clip"]["seq_mask"] else "")
+    corr = [] if c["correction"] == NO_CORRECTION else ["corr:" + ",".join(map(str, c["correction"].values()))]
     return "-".join(
-        [
+        corr
+        + [
             clip,
             c["agg"],
             c["estimator"],
@@ -134,6 +164,7 @@ def raw_config(c: dict) -> dict:
         "filter": {"name": c["filter"], "top_p": 0.9, "top_k": 0.5},
         "kl": {"estimator": c["kl"][0], "where": c["kl"][1], "coef": 0.3},
         "critic": {"enabled": c["critic"]},
+        "correction": c["correction"],
         "minibatches": 1,
         "epochs": 1,
     }
@@ -208,6 +239,13 @@ def _perturb(policy, seed: int) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
+def mismatched(batch):
+    """The batch with the sampler's log-probs moved off the behaviour policy's on every action token
+    (as a sampler in another precision or a stale one would), so the corrections act."""
+    noise = 0.3 * torch.randn(batch.sampler_logp.shape, generator=torch.Generator().manual_seed(13))
+    return replace(batch, sampler_logp=batch.sampler_logp + noise * batch.action_mask)
+
+
 def check(env: Env, c: dict) -> None:
     try:
         cfg = validate_run_config(raw_config(c), "combo")
@@ -218,10 +256,13 @@ def check(env: Env, c: dict) -> None:
     batch = env.batch(t, cfg)
     if batch is None:  # the filter kept nothing: the trainer skips such an update
         return
+    if c["correction"] != NO_CORRECTION:
+        batch = mismatched(batch)
     policy, a = t.policy, cfg.algo
     # 1. one update completes; the first (only) minibatch starts exactly on-policy at the reference
     metrics = run_update(policy, make_optimizer(policy, cfg), batch, cfg, torch.Generator().manual_seed(0))
     assert all(v == v for k, v in metrics.items() if k.startswith("loss/")), metrics
+    assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("diag/mismatch_")), metrics
     assert metrics["diag/ratio_min"] == 1.0 and metrics["diag/ratio_max"] == 1.0, metrics
     assert metrics["diag/kl_k3"] == 0.0 and metrics["diag/kl_k3_max"] == 0.0
     # 2. off-policy, micro-batches of one row give the full-batch gradient
@@ -276,6 +317,15 @@ def test_the_lists_cover_every_value_of_every_axis():
         assert {c[key] for c in ALL} == set(names), key
     assert {c["kl"][0] for c in ALL} == set(KL_ESTIMATOR.names())
     assert {(c["clip"]["level"], c["clip"]["seq_mask"]) for c in ALL} == {(x["level"], x["seq_mask"]) for x in CLIP}
+    assert {x["level"] for x in CLIP} == set(POLICY_LOSS.names())
+    assert {c["correction"]["name"] for c in ALL} == set(CORRECTION.names())
+    assert {(c["correction"]["name"], c["agg"], c["layout"], c["mask"]) for c in correction_side()} == {
+        (x["name"], agg, lay, m)
+        for x in CORRECTIONS
+        for agg in AGGREGATION.names()
+        for lay in LAYOUTS
+        for m in (True, False)
+    }
     assert {(c["layout"], c["mask"], c["constrain"], c["critic"]) for c in loss_side()} >= {
         (lay, m, con, cr) for lay in LAYOUTS for m in (True, False) for con in (True, False) for cr in (True, False)
     }
