@@ -146,6 +146,20 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(tmp_path):
         {"context": {"policy": "obs_truncate", "obs_tokens": 4}},
         {"context": {"policy": "single"}, "turns": {"curriculum": [2, 4], "curriculum_every": 1}},
         {"model": {"finetune": "full"}},
+        {
+            "algo": {"clip": {"level": "cispo", "eps_low": 1.0, "eps_high": 0.28}, "correction": {"name": "tis_token"}},
+            "rollout": {"sampler_dtype": "bfloat16"},
+        },
+        {
+            "algo": {"clip": {"level": "sapo"}, "agg": "seq-mean-token-mean", "correction": {"name": "icepop"}},
+            "context": {"policy": "window", "mask_observations": False},
+            "rollout": {"sampler_dtype": "bfloat16"},
+        },
+        {
+            "model": {"finetune": "full"},
+            "algo": {"correction": {"name": "decoupled", "c": 5.0}},
+            "rollout": {"sampler_dtype": "bfloat16"},
+        },
     ],
 )
 def test_every_axis_runs_end_to_end(tmp_path, over):
