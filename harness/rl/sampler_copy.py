@@ -5,7 +5,8 @@ recomputation only by the arithmetic of incremental decoding. `bfloat16` / `floa
 policy in that dtype, which stands in for an inference engine that samples in another precision
 than the trainer (vLLM in bf16 against an fp32 trainer, or the reverse). Before every rollout the
 copy takes the trainer's current trainable weights, cast to its dtype; frozen weights were cast once
-when the copy was made. The held-out evaluation always uses the trainer's model.
+when the copy was made. The copy holds a second set of the model's weights (on the trainer's device).
+The held-out evaluation always uses the trainer's model.
 """
 
 from __future__ import annotations

@@ -137,6 +137,19 @@ def _policy_masks(policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: Run
     return out
 
 
+def _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, sums) -> list[torch.Tensor]:
+    """Each micro-batch's policy-loss mask: the SAMPO mask (`_policy_masks`, its kept share logged), times
+    the tokens `algo.correction` keeps under `rejected: drop` (out of the policy loss and its denominator)."""
+    masks = _policy_masks(policy, batch, micros, adv, fwd, cfg)
+    if cfg.algo.clip.seq_mask:
+        total = max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
+        kept = _counts(masks, cfg.algo.agg_len).num_tokens / total
+        sums.setdefault("diag/seq_mask_kept_frac", []).append(torch.tensor(kept))
+    if corr.keep is not None:
+        masks = [pm * corr.keep[micro, : pm.shape[1]] for micro, pm in zip(micros, masks)]
+    return masks
+
+
 def _minibatch_step(
     policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr: Correction | None = None
 ) -> torch.Tensor:
@@ -145,12 +158,7 @@ def _minibatch_step(
     a = cfg.algo
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size)
-    policy_masks = _policy_masks(policy, batch, micros, adv, fwd, cfg)
-    if a.clip.seq_mask:
-        kept = _counts(policy_masks, a.agg_len).num_tokens / max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
-        sums.setdefault("diag/seq_mask_kept_frac", []).append(torch.tensor(kept))
-    if corr.keep is not None:  # rejection with `rejected: drop`: out of the policy loss and its denominator
-        policy_masks = [pm * corr.keep[micro, : pm.shape[1]] for micro, pm in zip(micros, policy_masks)]
+    policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums)
     denominators = Denominators(
         loss=replace(global_counts(batch.loss_mask[mb_idx]), agg_len=a.agg_len),
         policy=_counts(policy_masks, a.agg_len),

@@ -164,7 +164,7 @@ def raw_config(c: dict) -> dict:
         "filter": {"name": c["filter"], "top_p": 0.9, "top_k": 0.5},
         "kl": {"estimator": c["kl"][0], "where": c["kl"][1], "coef": 0.3},
         "critic": {"enabled": c["critic"]},
-        "correction": c["correction"],
+        "correction": c.get("correction", NO_CORRECTION),
         "minibatches": 1,
         "epochs": 1,
     }
@@ -256,7 +256,7 @@ def check(env: Env, c: dict) -> None:
     batch = env.batch(t, cfg)
     if batch is None:  # the filter kept nothing: the trainer skips such an update
         return
-    if c["correction"] != NO_CORRECTION:
+    if c.get("correction", NO_CORRECTION) != NO_CORRECTION:
         batch = mismatched(batch)
     policy, a = t.policy, cfg.algo
     # 1. one update completes; the first (only) minibatch starts exactly on-policy at the reference
