@@ -110,7 +110,8 @@ def mismatch_diagnostics(
     (verl compute_offpolicy_metrics). delta = old - rollout, rho = exp(delta) (clamped +-20):
     k1 = mean(rollout - old), k3 = mean(rho - delta - 1), chi2 = mean(rho^2) - 1, shares of rho above C
     and below 1/C (C = algo.correction.c, default 2), ESS = 1 / mean((w / mean w)^2) with w = rho
-    clipped to [1/C, C] (verl), the mean correction weight, the masked fractions and delta quantiles."""
+    clipped to [1/C, C] (verl), the mean correction weight over the tokens the policy loss trains on, the
+    masked fractions and the delta quantiles."""
     m = sampled_mask(batch)
     delta = log_ratio(batch.sampler_logp.double(), old_logp.double(), m)  # float64: the mismatch can be ~1e-7
     d = delta.clamp(-20.0, 20.0)
@@ -125,7 +126,7 @@ def mismatch_diagnostics(
         "diag/mismatch_frac_above": masked_mean((rho > cap).double(), m),
         "diag/mismatch_frac_below": masked_mean((rho < 1.0 / cap).double(), m),
         "diag/mismatch_ess": _ess(w, m),
-        "diag/mismatch_weight_mean": masked_mean(weight, batch.loss_mask),
+        "diag/mismatch_weight_mean": masked_mean(weight, batch.loss_mask * (1.0 if corr.keep is None else corr.keep)),
         **_masked_fractions(batch, corr, cfg),
     }
     for name, q in _quantiles(delta[m.bool()], DELTA_QUANTILES).items():

@@ -64,6 +64,13 @@ def test_hand_batch_weights_rejections_and_masked_fractions():
     diag = mismatch_diagnostics(batch, old, corr, cfg)
     assert diag["diag/mismatch_masked_token_frac"].item() == pytest.approx(0.5)  # 9 of 18 trained tokens
     assert diag["diag/mismatch_masked_seq_frac"].item() == pytest.approx(0.5)
+    # decoupled with cap 2: the token with ratio 3 leaves; the mean weight is over the 17 tokens left
+    cfg = cfg_of(correction={"name": "decoupled", "c": 2.0})
+    corr = batch_correction(batch, old, cfg)
+    assert corr.keep.sum().item() == corr.keep.numel() - 1 and corr.weight[0, 3].item() == pytest.approx(3.0)
+    diag = mismatch_diagnostics(batch, old, corr, cfg)
+    assert diag["diag/mismatch_weight_mean"].item() == pytest.approx((0.4 + 1 + 1.5 + 0.8 + 1.25 + 3 + 6.6 + 3) / 17)
+    assert diag["diag/mismatch_masked_token_frac"].item() == pytest.approx(1 / 18)
     zero = batch_correction(batch, old, cfg_of(correction={"name": "mis_seq", "hi": 1.79, "rejected": "zero"}))
     assert zero.keep is None and zero.weight[0].tolist() == [0.0] * 12 and zero.weight[1].tolist() == [1.0] * 12
 
