@@ -89,6 +89,7 @@ def _token_weight(mask, value) -> torch.Tensor:
     source="baseline (verl metrics-only rollout correction)",
 )
 def no_correction(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """No weight, nothing rejected: the update ignores the sampler's log-probs."""
     return CorrectionOutput()
 
 
@@ -98,6 +99,7 @@ def no_correction(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams
     source="Yao et al. 2025 (off-policy RL blog); verl rollout_is=token; TRL; SkyRL",
 )
 def tis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """weight (B,T) = min(rho_t, C) on sampled tokens, 1 elsewhere."""
     c = TIS_CAP if params.c is None else params.c
     rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
     return CorrectionOutput(weight=_token_weight(mask, rho.clamp(max=c)))
@@ -109,6 +111,7 @@ def tis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) ->
     source="verl rollout_is=sequence",
 )
 def tis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """weight (B,T) = min(exp(sum of delta over the sequence), C) on every position of the sequence."""
     c = TIS_CAP if params.c is None else params.c
     total, _ = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
     return CorrectionOutput(weight=_rho(total, params).clamp(max=c).detach())
@@ -120,6 +123,7 @@ def tis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> C
     source="verl rollout_rs=token (compute_rollout_rejection_mask); TRL token_mask",
 )
 def mis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """reject (B,T): sampled tokens with rho_t < lo or rho_t > hi."""
     lo, hi = band("mis_token", params)
     rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
     return CorrectionOutput(reject=mask.bool() & ((rho < lo) | (rho > hi)))
@@ -131,6 +135,7 @@ def mis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) ->
     source="verl rollout_rs=sequence (preset seq_sum_k1 0.5-2); TRL sequence_mask",
 )
 def mis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """reject (B,T): every position of a sequence whose exp(sum of delta) is outside [lo, hi]."""
     lo, hi = band("mis_seq", params)
     total, _ = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
     ratio = _rho(total, params)
@@ -143,6 +148,8 @@ def mis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> C
     source="Ring-1T IcePop (arXiv 2510.18855); OpenRLHF PolicyLoss is_correction_threshold",
 )
 def icepop(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """weight (B,T) = rho_t inside [lo, hi], 0 outside, on sampled tokens; 1 elsewhere. Nothing rejected:
+    a zero weight keeps the token in the denominators (OpenRLHF)."""
     lo, hi = band("icepop", params)
     rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
     inside = (rho >= lo) & (rho <= hi)
@@ -155,6 +162,7 @@ def icepop(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> Co
     source="SkyRL off_policy_correction_utils (geometric sequence mask); verl rollout_rs=geometric",
 )
 def geo_seq_mask(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
+    """reject (B,T): every position of a sequence whose geometric-mean ratio is outside [lo, hi]."""
     lo, hi = band("geo_seq_mask", params)
     total, count = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
     geo = _rho(total / count.clamp(min=1), params)  # a sequence without sampled tokens has ratio 1

@@ -31,8 +31,9 @@ def test_axes_keys_and_values():
         "algo.adv.norm",
         "algo.filter.name",
         "algo.kl.estimator",
+        "algo.correction.name",
     }
-    assert A.AXES["algo.clip.level"].names() == ["token", "sequence", "trajectory", "none"]
+    assert A.AXES["algo.clip.level"].names() == ["token", "sequence", "trajectory", "none", "cispo", "sapo"]
     assert A.AXES["algo.agg"].names() == [
         "token-mean",
         "seq-mean-token-mean",
@@ -51,6 +52,16 @@ def test_axes_keys_and_values():
     assert A.AXES["algo.adv.norm"].names() == ["group", "batch", "task", "env_std"]
     assert A.AXES["algo.filter.name"].names() == ["none", "dapo", "ragen_top_p", "ragen_top_k"]
     assert A.AXES["algo.kl.estimator"].names() == ["none", "k1", "k2", "k3"]
+    assert A.AXES["algo.correction.name"].names() == [
+        "none",
+        "tis_token",
+        "tis_seq",
+        "mis_token",
+        "mis_seq",
+        "icepop",
+        "geo_seq_mask",
+        "decoupled",
+    ]
     for key, reg in A.AXES.items():
         assert reg.axis == key
         for entry in reg:
