@@ -6,7 +6,7 @@ HARNESS_TRAIN_FN) reads the config its own way, so nothing is checked for it.
 from __future__ import annotations
 
 from harness.config.errors import ConfigError
-from harness.experiments.runner import DEFAULT_TRAIN_FN, TrainFn, train_fn_spec
+from harness.experiments.point import DEFAULT_TRAIN_FN, TrainFn, train_fn_spec
 from harness.experiments.study import TuneStudy
 from harness.experiments.sweep import Sweep
 

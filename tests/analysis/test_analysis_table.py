@@ -125,7 +125,8 @@ def test_corrupt_points_are_never_counted_and_the_seeds_column_says_so(clip_swee
     (clip_sweep / "clip.level=dual__seed0" / "status").write_bytes(os.urandom(64) + b"\xff\xfe")
     t = table_for(clip_sweep)
     text = render(t, "markdown")
-    assert "| ppo | 1/3 (2 corrupt) | 0.25" in text and "| dual | 2/3 (1 corrupt) | 0.88" in text
+    assert "| ppo | 1/3 (2 corrupt) | 0.00† | 0.25† |" in text
+    assert "| dual | 2/3 (1 corrupt) | 0.00 ± 0.00† | 0.88" in text
     assert "(k corrupt): seeds whose result files are damaged are not counted" in text
     corrupt = {m.split("[")[1].split("]")[0]: m for m in t.missing if ": corrupt" in m}
     assert set(corrupt) == {"clip.level=ppo__seed1", "clip.level=ppo__seed2", "clip.level=dual__seed0"}
