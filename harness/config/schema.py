@@ -406,6 +406,13 @@ class RolloutConfig(Strict):
         "and trainer differ as in engines that sample in another precision (held-out evaluation always uses "
         "the trainer's model).",
     )
+    staleness: int = F(
+        0,
+        "Deterministic asynchronous rollout: the episodes of update u are sampled with the adapter the trainer had "
+        "at the start of update u - k (0 = synchronous; docs/algorithms.md section 11).",
+        ge=0,
+        le=1000,
+    )
 
 
 class TrainConfig(Strict):

@@ -1,4 +1,4 @@
-"""The policy that samples the training rollouts (`rollout.sampler_dtype`).
+"""The policy that samples the training rollouts (`rollout.sampler_dtype`, `rollout.staleness`).
 
 `same` (default): the trainer's own model, so the sampler's log-probs differ from the trainer's
 recomputation only by the arithmetic of incremental decoding. `bfloat16` / `float32`: a copy of the
@@ -7,11 +7,19 @@ than the trainer (vLLM in bf16 against an fp32 trainer, or the reverse). Before 
 copy takes the trainer's current trainable weights, cast to its dtype; frozen weights were cast once
 when the copy was made. The copy holds a second set of the model's weights (on the trainer's device).
 The held-out evaluation always uses the trainer's model.
+
+`rollout.staleness: k` (deterministic asynchronous rollout, docs/algorithms.md section 11): the
+episodes of update u are sampled with the trainable weights the trainer had at the start of update
+u - k (the weights before any update while u - k < 1), as an asynchronous system whose rollout runs
+k updates ahead of the learner would sample them, but in a fixed order, so a run is bit-reproducible
+and the lag is exactly k. The last k + 1 snapshots of the trainable weights are kept (on the CPU) and
+go into the checkpoint, so a resumed run samples exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import deque
 
 import torch
 from torch import nn
@@ -22,24 +30,47 @@ from harness.model.base import DTYPES
 class SamplerModel:
     """`model()`: the module to sample the next rollout with (see the module docstring)."""
 
-    def __init__(self, trainer_model: nn.Module, sampler_dtype: str):
+    def __init__(self, trainer_model: nn.Module, sampler_dtype: str, staleness: int = 0):
         self.trainer_model = trainer_model
+        self.staleness = staleness
         self.copy: nn.Module | None = None
-        if sampler_dtype != "same":
-            self.copy = copy.deepcopy(trainer_model).to(DTYPES[sampler_dtype]).eval()
-            self._trainable = [n for n, p in trainer_model.named_parameters() if p.requires_grad]
-            self.copy.requires_grad_(False)
+        self._trainable = [n for n, p in trainer_model.named_parameters() if p.requires_grad]
+        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=staleness + 1)
+        if sampler_dtype != "same" or staleness > 0:
+            self.copy = copy.deepcopy(trainer_model)
+            if sampler_dtype != "same":
+                self.copy = self.copy.to(DTYPES[sampler_dtype])
+            self.copy.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def record(self) -> None:
+        """Keep the trainer's current trainable weights: call once before each update's rollout."""
+        if self.staleness > 0:
+            named = dict(self.trainer_model.named_parameters())
+            self.snapshots.append({n: named[n].detach().to("cpu", copy=True) for n in self._trainable})
 
     @torch.no_grad()
     def model(self) -> nn.Module:
-        """The trainer's model (same), or the copy with the trainer's current trainable weights."""
+        """The trainer's model (same dtype, no lag), or the copy with the trainable weights of k updates
+        ago (the oldest snapshot kept), or else the trainer's current ones."""
         if self.copy is None:
             return self.trainer_model
-        source = dict(self.trainer_model.named_parameters())
+        if self.staleness > 0 and self.snapshots:
+            source = self.snapshots[0]
+        else:
+            source = dict(self.trainer_model.named_parameters())
         target = dict(self.copy.named_parameters())
         for name in self._trainable:
-            target[name].copy_(source[name])  # copy_ casts to the copy's dtype
+            target[name].copy_(source[name])  # copy_ casts to the copy's dtype and device
         return self.copy
+
+    def state_dict(self) -> list[dict[str, torch.Tensor]]:
+        """The snapshots kept (for the checkpoint)."""
+        return list(self.snapshots)
+
+    def load_state_dict(self, snapshots: list[dict[str, torch.Tensor]] | None) -> None:
+        self.snapshots.clear()
+        self.snapshots.extend(snapshots or [])
 
     @property
     def dtype(self) -> torch.dtype:

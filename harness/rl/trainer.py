@@ -72,7 +72,8 @@ class Trainer:
         source, info = base_model(cfg, cache_dir())
         source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
         self.policy = attach_adapter(cfg, source, info, self.device)
-        self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype)  # rollout.sampler_dtype
+        # rollout.sampler_dtype, rollout.staleness
+        self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype, cfg.rollout.staleness)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -198,6 +199,7 @@ class Trainer:
             start, state = resumed
             self.best = state["best"]
             self.monitor.load_state_dict(state["collapse"])
+            self.sampler.load_state_dict(state.get("sampler_snapshots"))
             self.logger.truncate_after(start)
         else:
             init = self.evaluate(0)
@@ -232,9 +234,11 @@ class Trainer:
             )
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
+                state["sampler_snapshots"] = self.sampler.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
             if self.monitor.should_stop:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
+                state["sampler_snapshots"] = self.sampler.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
                 break
         if self.updates == 0 and resumed is None:
@@ -261,6 +265,7 @@ class Trainer:
         c = self.cfg
         t0 = time.time()
         budget = turn_budget_at(update - 1, c.turns)
+        self.sampler.record()  # the weights this update starts from (rollout.staleness)
         kept, all_eps, fstats = self._filtered_rollout(update, budget)
         t_roll = time.time() - t0
         metrics = {

@@ -261,3 +261,71 @@ def test_evaluation_before_rl_is_shared_across_sampler_dtypes(tmp_path):
     cfg = validate_run_config(BASE, "test")
     bf16 = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sampler_dtype": "bfloat16"})})
     assert start_key(cfg, {}) == start_key(bf16, {})  # the evaluation plays the trainer's model
+
+
+# ----------------------------------------------------------------------------- stale rollouts
+QUICK = _merge(
+    baseline_run.CONFIG,
+    {"train": {"updates": 3, "eval_every": 0, "mi_every": 0, "eval_episodes": 1}},
+)
+
+
+def test_staleness_zero_is_the_synchronous_trainer_and_k_lags_by_exactly_k_updates(tmp_path):
+    """verl #6780 as a test: staleness 0 gives the synchronous trainer's metrics bit for bit. With
+    staleness 2 the rollouts of updates 1-3 all come from the weights before RL: update 1 is the
+    synchronous one, the later ones differ, and the sampler's log-probs lag the trainer's (non-zero
+    mismatch), while the synchronous run has none."""
+    sync = baseline_run.run(tmp_path / "sync", QUICK)
+    zero = baseline_run.run(tmp_path / "zero", _merge(QUICK, {"rollout": {"staleness": 0}}))
+    assert json.dumps(sync) == json.dumps(zero)
+    stale = baseline_run.run(tmp_path / "stale", _merge(QUICK, {"rollout": {"staleness": 2}}))
+    assert json.dumps(stale[1]) == json.dumps(sync[1])  # update 1 samples from the same weights
+    for u in (2, 3):
+        assert stale[u]["env/success"] != sync[u]["env/success"] or stale[u]["diag/kl_k3"] != sync[u]["diag/kl_k3"]
+        assert abs(sync[u]["diag/mismatch_k1"]) < 1e-5 and abs(stale[u]["diag/mismatch_k1"]) > 1e-4
+
+
+def test_stale_rollouts_sample_from_the_weights_of_k_updates_ago(tmp_path):
+    """The sampler of update u holds the trainable weights recorded at the start of update u - k."""
+    from harness.rl.sampler_copy import SamplerModel
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    frozen = model[0].bias
+    frozen.requires_grad_(False)
+    s = SamplerModel(model, "same", staleness=2)
+    seen = []
+    for u in range(1, 6):
+        s.record()
+        seen.append(s.model()[0].weight[0, 0].item())
+        with torch.no_grad():
+            model[0].weight.fill_(float(u))  # "update u"
+    first = seen[0]
+    assert seen == [first, first, first, 1.0, 2.0]  # update u samples with the weights after u - 3 ... u - k - 1
+    assert s.model() is not model and model[0].weight[0, 0].item() == 5.0
+
+
+def test_a_stale_run_is_bit_reproducible_and_resumes_exactly(tmp_path):
+    """Deterministic mode: two runs with staleness 2 agree bit for bit, and a run interrupted at
+    update 3 (last checkpoint at 2, snapshots restored from it) continues exactly as the
+    uninterrupted one."""
+    from harness.rl.trainer import train
+
+    cfg = _merge(QUICK, {"rollout": {"staleness": 2}, "train": {"updates": 4, "checkpoint_every": 2}})
+    a = baseline_run.run(tmp_path / "a", cfg)
+    b = baseline_run.run(tmp_path / "b", cfg)
+    assert json.dumps(a) == json.dumps(b)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_3(p):
+        if p["update"] == 3:
+            raise Interrupt
+
+    logger = RunLogger(tmp_path / "c")
+    with pytest.raises(Interrupt):
+        train(RunConfig.model_validate(cfg), tmp_path / "c", logger, stop_at_3)
+    logger.close("interrupted")
+    resumed = baseline_run.run(tmp_path / "c", cfg)
+    assert [r["update"] for r in resumed] == [0, 1, 2, 3, 4]
+    assert json.dumps(resumed) == json.dumps(a)
