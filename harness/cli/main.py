@@ -181,14 +181,14 @@ def sweep(
         return
     if backend == "local" and (address or retries):
         _fail("--address and --retries apply to --backend ray", 2)
-    check_results_dir(results, "--results")
     if insecure and not address:
         _fail("--insecure applies to --backend ray --address ADDR (joining a cluster)", 2)
     executor = None
-    if backend == "ray":
+    if backend == "ray":  # its checks (token, ray installed) run before anything is written
         from harness.experiments.ray_backend import RayExecutor
 
         executor = RayExecutor(address, retries, insecure)
+    check_results_dir(results, "--results")
     _run(swp, results, workers, retry_failed, no_mlflow, executor)
 
 
