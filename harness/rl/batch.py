@@ -143,12 +143,15 @@ def build_batch(
     task_ids: list[int] | None = None,
     env_ids: list[int] | None = None,
     drop_forced: bool = False,
+    drop_stale: bool = False,
 ) -> TrainBatch:
     """Assemble rows and the stream from episodes (ids only: nothing is re-tokenized).
 
     task_ids / env_ids (N,): the task type and environment of each episode (`adv.norm` task and
     env_std). drop_forced: leave the tokens constrained decoding forced (a single admissible
-    continuation) out of the loss mask (`algo.forced_tokens: drop`)."""
+    continuation) out of the loss mask (`algo.forced_tokens: drop`). drop_stale: leave the actions a
+    stale cross-policy member generated (and their trained observation tokens) out of the loss mask
+    (`rollout.cross_policy.train_on: current`)."""
     streams = [episode_stream(ep) for ep in episodes]
     Ts = max(len(s.ids) for s in streams)
     rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow")}
@@ -198,7 +201,27 @@ def build_batch(
                 )
         next_action += len(ep.steps)
     batch = _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids)
+    if drop_stale:
+        batch = without_actions(batch, stale_actions(episodes))
     return without_forced(batch) if drop_forced else batch
+
+
+def stale_actions(episodes: list[Episode]) -> list[int]:
+    """Action ids (numbered over the batch's episodes and turns, as `TrainBatch.action_id`) of the
+    turns a stale cross-policy member generated."""
+    out, base = [], 0
+    for ep in episodes:
+        out += [base + t for t, st in enumerate(ep.steps) if st.member > 0]
+        base += len(ep.steps)
+    return out
+
+
+def without_actions(batch: TrainBatch, action_ids: list[int]) -> TrainBatch:
+    """The batch with every token of these actions out of the loss mask."""
+    if not action_ids:
+        return batch
+    drop = torch.isin(batch.action_id, torch.tensor(action_ids, dtype=batch.action_id.dtype))
+    return replace(batch, loss_mask=batch.loss_mask * ~drop)
 
 
 def _append_row(rows, ids, loss, act, aid, traj, slp, pos, allow) -> None:

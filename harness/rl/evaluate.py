@@ -107,7 +107,11 @@ def start_key(cfg: RunConfig, policy_info: dict) -> str:
     dump = cfg.model_dump(mode="json")
     for section in _NOT_AT_START:
         dump.pop(section)
-    for key in ("sampler_dtype", "staleness"):  # the evaluation plays the trainer's model, never the sampler's
+    for key in (
+        "sampler_dtype",
+        "staleness",
+        "cross_policy",
+    ):  # the evaluation plays the trainer's model, never the sampler's
         dump["rollout"].pop(key)
     dump["train"] = {k: dump["train"][k] for k in _TRAIN_KEYS_AT_START}
     models = {k: policy_info.get(k) for k in ("base", "sft")}

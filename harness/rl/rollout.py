@@ -176,6 +176,24 @@ class TurnOutput:
     raw_logprobs: list[list[float] | None]  # unconstrained log-probs; None for unconstrained rows
     overflow: list[bool]
     allowed: list[list[list[int]] | None] | None = None  # per token, the ids it was drawn from (constrained rows)
+    members: list[int] | None = None  # cross-policy sampling: the pool member of each row (0 = current)
+
+
+@dataclass
+class CrossPolicy:
+    """Cross-policy sampling (AgentRL, `rollout.cross_policy`): each (episode, turn) action comes from
+    the current policy or, with probability `prob`, from one of the stale `members` drawn uniformly;
+    the draws use `generator` (seeded per update by the trainer)."""
+
+    members: list  # stale policies (modules), member j + 1 = members[j]
+    prob: float
+    generator: torch.Generator
+
+    def draw(self, rows: int) -> list[int]:
+        """The member of each live row for this turn: 0 = the current policy, j >= 1 a stale one."""
+        stale = torch.rand(rows, generator=self.generator) < self.prob
+        which = torch.randint(1, len(self.members) + 1, (rows,), generator=self.generator)
+        return torch.where(stale, which, torch.zeros_like(which)).tolist()
 
 
 def generate_turn(
@@ -277,6 +295,7 @@ def collect(
     greedy: bool = False,
     reuse_cache: bool = True,
     timings: list[dict] | None = None,
+    cross: CrossPolicy | None = None,
 ) -> list[Episode]:
     """Play one episode per `tasks` entry (task seed, group id) in lock-step; return them in order.
 
@@ -288,6 +307,9 @@ def collect(
     seconds of generation). Deterministic given `generator` on CPU: one stream shared by the batch,
     or one per task entry (each episode then samples from its own stream). An episode whose reset
     reports info["env_error"] comes back with no steps and `env_error` set.
+    cross: cross-policy sampling; each turn the live rows are split by their drawn member and each
+    member generates for its rows from the full context (no KV reuse across turns, since the other
+    members' actions are not in a member's cache).
     """
     n_env = getattr(venv, "n", len(tasks))
     if n_env != len(tasks):
@@ -303,7 +325,8 @@ def collect(
     for p in plays:
         p.episode.env_error = _env_error(p.info)
     alive = [p for p in plays if p.episode.env_error is None]
-    incremental = cfg.context.policy in APPEND_ONLY and reuse_cache
+    pooled = cross is not None and bool(cross.members)
+    incremental = cfg.context.policy in APPEND_ONLY and reuse_cache and not pooled
     kv, encoded = KVBatch(model, chat.pad_id), {}
     kv.reset(len(alive))
     was_training = model.training
@@ -321,17 +344,18 @@ def collect(
                     [_trie(chat, p.info.get("admissible"), encoded) for p in alive] if cfg.rollout.constrain else None
                 )
                 t0 = time.perf_counter()
-                out = generate_turn(
-                    kv,
-                    new_ids,
-                    tries,
-                    eot_id=chat.eot_id,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    temperature=cfg.rollout.temperature,
-                    top_p=cfg.rollout.top_p,
-                    greedy=greedy,
-                    generator=generator if isinstance(generator, torch.Generator) else [p.stream for p in alive],
-                )
+                sample = {
+                    "eot_id": chat.eot_id,
+                    "max_new_tokens": cfg.rollout.max_new_tokens,
+                    "temperature": cfg.rollout.temperature,
+                    "top_p": cfg.rollout.top_p,
+                    "greedy": greedy,
+                }
+                streams_now = generator if isinstance(generator, torch.Generator) else [p.stream for p in alive]
+                if pooled:
+                    out = _pooled_turn(model, cross, chat.pad_id, new_ids, tries, streams_now, sample)
+                else:
+                    out = generate_turn(kv, new_ids, tries, generator=streams_now, **sample)
                 if timings is not None:
                     timings.append(
                         {
@@ -359,6 +383,35 @@ def collect(
     finally:
         model.train(was_training)
     return [p.episode for p in plays]
+
+
+def _pooled_turn(model, cross: CrossPolicy, pad_id: int, new_ids, tries, streams, sample: dict) -> TurnOutput:
+    """One turn of cross-policy sampling: draw each row's member, let each member generate for its
+    rows from their full contexts, and put the rows back in order (`TurnOutput.members`)."""
+    who = cross.draw(len(new_ids))
+    parts: dict[int, tuple[list[int], TurnOutput]] = {}
+    for m in sorted(set(who)):
+        rows = [i for i, w in enumerate(who) if w == m]
+        kv = KVBatch(model if m == 0 else cross.members[m - 1], pad_id)
+        kv.reset(len(rows))
+        gen = streams if isinstance(streams, torch.Generator) else [streams[i] for i in rows]
+        sub_tries = [tries[i] for i in rows] if tries else None
+        parts[m] = (rows, generate_turn(kv, [new_ids[i] for i in rows], sub_tries, generator=gen, **sample))
+    merged: dict[str, list] = {k: [None] * len(who) for k in ("ids", "logprobs", "raw_logprobs", "overflow", "allowed")}
+    for rows, out in parts.values():
+        for j, i in enumerate(rows):
+            for k in merged:
+                vals = getattr(out, k)
+                merged[k][i] = vals[j] if vals is not None else None
+    any_allowed = any(out.allowed for _, out in parts.values())
+    return TurnOutput(
+        ids=merged["ids"],
+        logprobs=merged["logprobs"],
+        raw_logprobs=merged["raw_logprobs"],
+        overflow=merged["overflow"],
+        allowed=merged["allowed"] if any_allowed else None,
+        members=who,
+    )
 
 
 def _turn_inputs(
@@ -417,6 +470,7 @@ def _record(
             info=info,
             unconstrained_logprobs=out.raw_logprobs[i],
             allowed_ids=out.allowed[i] if out.allowed else None,
+            member=out.members[i] if out.members else 0,
         )
     )
     p.actions.append(out.ids[i])

@@ -75,3 +75,50 @@ class SamplerModel:
     @property
     def dtype(self) -> torch.dtype:
         return next((self.copy or self.trainer_model).parameters()).dtype
+
+
+class StalePool:
+    """The stale members of cross-policy sampling (`rollout.cross_policy`, AgentRL).
+
+    Every `refresh_every` updates (at the start of updates 1, 1 + R, 1 + 2R, ...) the pool keeps a
+    snapshot of the trainer's trainable weights; member j (1-based) samples with the j-th most recent
+    snapshot (the oldest one while fewer than j exist). Each member is a copy of the policy in the
+    sampler's dtype. The snapshots go into the checkpoint."""
+
+    def __init__(self, trainer_model: nn.Module, sampler_dtype: str, members: int, refresh_every: int):
+        self.trainer_model, self.refresh_every = trainer_model, refresh_every
+        self._trainable = [n for n, p in trainer_model.named_parameters() if p.requires_grad]
+        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=members)
+        self.copies: list[nn.Module] = []
+        for _ in range(members):
+            c = copy.deepcopy(trainer_model)
+            if sampler_dtype != "same":
+                c = c.to(DTYPES[sampler_dtype])
+            self.copies.append(c.eval().requires_grad_(False))
+
+    @torch.no_grad()
+    def record(self, update: int) -> None:
+        """Call at the start of `update` (1-based), before its rollout."""
+        if self.copies and (update - 1) % self.refresh_every == 0:
+            named = dict(self.trainer_model.named_parameters())
+            self.snapshots.append({n: named[n].detach().to("cpu", copy=True) for n in self._trainable})
+
+    @torch.no_grad()
+    def members(self) -> list[nn.Module]:
+        """The stale members with their snapshots loaded (member j = the j-th most recent snapshot)."""
+        if not self.copies:
+            return []
+        newest_first = list(reversed(self.snapshots))
+        for j, c in enumerate(self.copies):
+            snap = newest_first[min(j, len(newest_first) - 1)]
+            target = dict(c.named_parameters())
+            for name in self._trainable:
+                target[name].copy_(snap[name])
+        return self.copies
+
+    def state_dict(self) -> list[dict[str, torch.Tensor]]:
+        return list(self.snapshots)
+
+    def load_state_dict(self, snapshots: list[dict[str, torch.Tensor]] | None) -> None:
+        self.snapshots.clear()
+        self.snapshots.extend(snapshots or [])

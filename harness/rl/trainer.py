@@ -34,8 +34,8 @@ from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.preflight import check_fits_env
-from harness.rl.rollout import collect, turn_budget_at
-from harness.rl.sampler_copy import SamplerModel
+from harness.rl.rollout import CrossPolicy, collect, turn_budget_at
+from harness.rl.sampler_copy import SamplerModel, StalePool
 from harness.rl.seeding import seed_everything
 from harness.rl.update import make_optimizer, run_update
 from harness.rl.venvs import VenvPool
@@ -74,6 +74,8 @@ class Trainer:
         self.policy = attach_adapter(cfg, source, info, self.device)
         # rollout.sampler_dtype, rollout.staleness
         self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype, cfg.rollout.staleness)
+        xp = cfg.rollout.cross_policy  # cross-policy sampling: the pool's stale members
+        self.pool = StalePool(self.policy.model, cfg.rollout.sampler_dtype, xp.members, xp.refresh_every)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -108,7 +110,15 @@ class Trainer:
         return seeds[start:]
 
     def _rollout(
-        self, seeds: list[int], group_size: int, *, greedy: bool, generator, budget: int, first_group: int = 0
+        self,
+        seeds: list[int],
+        group_size: int,
+        *,
+        greedy: bool,
+        generator,
+        budget: int,
+        first_group: int = 0,
+        cross: CrossPolicy | None = None,
     ) -> list[Episode]:
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
         return collect(
@@ -121,6 +131,7 @@ class Trainer:
             greedy=greedy,
             generator=generator,
             instructions=self.instructions,
+            cross=cross,
         )
 
     def _filtered_rollout(self, update: int, budget: int) -> tuple[list[Episode], list[Episode], dict]:
@@ -137,6 +148,7 @@ class Trainer:
                 budget=budget,
                 generator=_generator(c.train.seed, update, round_),
                 first_group=round_ * c.rollout.tasks_per_update,
+                cross=self._cross(update, round_),
             )
             all_eps += eps
             keep, st = self._filter(eps)
@@ -147,6 +159,14 @@ class Trainer:
                 break
         stats["filter/rounds"] = float(round_ + 1)
         return kept[: c.rollout.tasks_per_update * G], all_eps, stats
+
+    def _cross(self, update: int, round_: int) -> CrossPolicy | None:
+        """Cross-policy sampling of this rollout round (None when rollout.cross_policy is off)."""
+        members = self.pool.members()
+        if not members:
+            return None
+        xp = self.cfg.rollout.cross_policy
+        return CrossPolicy(members, xp.prob, _generator(self.cfg.train.seed, update, round_, 7))
 
     def _filter(self, eps: list[Episode]) -> tuple[list[bool], dict[str, float]]:
         f = self.cfg.algo.filter
@@ -200,6 +220,7 @@ class Trainer:
             self.best = state["best"]
             self.monitor.load_state_dict(state["collapse"])
             self.sampler.load_state_dict(state.get("sampler_snapshots"))
+            self.pool.load_state_dict(state.get("pool_snapshots"))
             self.logger.truncate_after(start)
         else:
             init = self.evaluate(0)
@@ -235,10 +256,12 @@ class Trainer:
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
                 state["sampler_snapshots"] = self.sampler.state_dict()
+                state["pool_snapshots"] = self.pool.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
             if self.monitor.should_stop:
                 state["best"], state["collapse"] = self.best, self.monitor.state_dict()
                 state["sampler_snapshots"] = self.sampler.state_dict()
+                state["pool_snapshots"] = self.pool.state_dict()
                 save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
                 break
         if self.updates == 0 and resumed is None:
@@ -259,6 +282,7 @@ class Trainer:
             task_ids=[state_id(f"{c.env.name}/{self.env.task_type(e.task_seed)}") for e in episodes],
             env_ids=[state_id(c.env.name)] * len(episodes),
             drop_forced=c.algo.forced_tokens == "drop",
+            drop_stale=c.rollout.cross_policy.members > 0 and c.rollout.cross_policy.train_on == "current",
         )
 
     def _one_update(self, update: int) -> dict[str, float]:
@@ -266,6 +290,7 @@ class Trainer:
         t0 = time.time()
         budget = turn_budget_at(update - 1, c.turns)
         self.sampler.record()  # the weights this update starts from (rollout.staleness)
+        self.pool.record(update)  # rollout.cross_policy
         kept, all_eps, fstats = self._filtered_rollout(update, budget)
         t_roll = time.time() - t0
         metrics = {
@@ -277,6 +302,9 @@ class Trainer:
             "perf/episodes": float(len(all_eps)),
             "perf/rollout_tokens": float(sum(len(s.action_ids) for e in all_eps for s in e.steps)),
         }
+        if c.rollout.cross_policy.members:  # share of the turns a stale member generated
+            turns = [s.member for e in all_eps for s in e.steps]
+            metrics["rollout/stale_turn_frac"] = sum(m > 0 for m in turns) / max(len(turns), 1)
         self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
         # an environment error ends an episode early with a meaningless return: never train on it
         kept = [e for e in kept if e.steps and e.env_error is None]

@@ -33,6 +33,9 @@ class StepRecord:
     # constrained decoding only: for each action token, the token ids it was drawn from (the
     # trie's continuations at that point); the trainer's log-softmax is taken over this set.
     allowed_ids: list[list[int]] | None = None
+    # cross-policy sampling (rollout.cross_policy): the pool member that generated this action
+    # (0 = the current policy; sampler_logprobs are that member's)
+    member: int = 0
 
 
 @dataclass

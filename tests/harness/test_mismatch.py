@@ -305,12 +305,15 @@ def test_stale_rollouts_sample_from_the_weights_of_k_updates_ago(tmp_path):
 
 
 def test_a_stale_run_is_bit_reproducible_and_resumes_exactly(tmp_path):
-    """Deterministic mode: two runs with staleness 2 agree bit for bit, and a run interrupted at
-    update 3 (last checkpoint at 2, snapshots restored from it) continues exactly as the
-    uninterrupted one."""
+    """Deterministic mode: two runs with staleness 2 (and a cross-policy pool) agree bit for bit, and a
+    run interrupted at update 3 (last checkpoint at 2, snapshots restored from it) continues exactly
+    as the uninterrupted one."""
     from harness.rl.trainer import train
 
-    cfg = _merge(QUICK, {"rollout": {"staleness": 2}, "train": {"updates": 4, "checkpoint_every": 2}})
+    pool = {"members": 2, "prob": 0.5, "refresh_every": 1}  # cross-policy snapshots travel in the checkpoint too
+    cfg = _merge(
+        QUICK, {"rollout": {"staleness": 2, "cross_policy": pool}, "train": {"updates": 4, "checkpoint_every": 2}}
+    )
     a = baseline_run.run(tmp_path / "a", cfg)
     b = baseline_run.run(tmp_path / "b", cfg)
     assert json.dumps(a) == json.dumps(b)
