@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from harness.experiments.redact import mask_credentials
 
 METRICS, SAMPLES, TIMINGS, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "timings.jsonl", "mlflow_run_id"
 EVAL_TASKS = "eval_tasks.jsonl"  # one row per evaluated episode (paired analysis)
+OPEN_TOKEN_TAG = "harness_open_token"  # MLflow tag: which sink created the run (see MlflowSink)
 MLFLOW_STATUS = {"done": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
 
@@ -218,6 +220,9 @@ class MlflowSink:
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_dir: Path, tags: dict[str, str]):
         self.uri, self.run_dir, self.enabled = uri, run_dir, True
+        # marks the run this sink creates, so a retry after a create_run that committed but then
+        # raised (a busy SQLite store) adopts that run instead of creating a second one
+        self.open_token = uuid.uuid4().hex
         self.client = self._retry(_client, uri)
         exp_id = self._retry(ensure_experiment, uri, experiment)
         self.run_id = self._retry(self._open_run, exp_id, run_name, tags) if self.enabled else None
@@ -252,9 +257,14 @@ class MlflowSink:
                     return run_id
             except Exception:  # noqa: BLE001 - another store: start a new run
                 pass
-        run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
-        atomic_write_text(id_file, run.info.run_id + "\n")
-        return run.info.run_id
+        mine = self.client.search_runs([exp_id], filter_string=f"tags.{OPEN_TOKEN_TAG} = '{self.open_token}'")
+        if mine:
+            run_id = mine[0].info.run_id
+        else:
+            run_id = self.client.create_run(exp_id, run_name=run_name, tags={**tags, OPEN_TOKEN_TAG: self.open_token})
+            run_id = run_id.info.run_id
+        atomic_write_text(id_file, run_id + "\n")
+        return run_id
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:

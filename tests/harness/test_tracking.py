@@ -70,6 +70,30 @@ def test_a_resumed_point_continues_its_mlflow_run(tmp_path, store):
     assert [m.step for m in client(uri).get_metric_history(runs[0].info.run_id, "x")] == [1, 2]
 
 
+def test_a_run_created_by_a_call_that_then_failed_is_adopted_not_duplicated(tmp_path, store, monkeypatch):
+    """A busy SQLite store can commit create_run and still raise (the run is read back after the
+    commit): the retry finds the run this logger created instead of creating a second one."""
+    from mlflow.tracking import MlflowClient
+
+    uri, exp = store
+    real, calls = MlflowClient.create_run, []
+
+    def commits_then_raises_once(self, *args, **kwargs):
+        run = real(self, *args, **kwargs)
+        calls.append(run.info.run_id)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        return run
+
+    monkeypatch.setattr(MlflowClient, "create_run", commits_then_raises_once)
+    logger = RunLogger(tmp_path / "run", experiment=exp, run_name="p", mlflow_uri=uri)
+    logger.log(1, {"x": 1.0})
+    logger.close("done")
+    runs = client(uri).search_runs([client(uri).get_experiment_by_name(exp).experiment_id])
+    assert len(calls) == 1 and [r.info.run_id for r in runs] == calls
+    assert runs[0].info.status == "FINISHED" and runs[0].info.run_name == "p"
+
+
 def test_sweep_points_become_runs_of_the_sweep_experiment(tmp_path, store):
     uri, exp = store
     (tmp_path / "base.yaml").write_text("train: {updates: 2}\n")
