@@ -275,6 +275,17 @@ class ClipConfig(Strict):
         return self
 
 
+class ObsSftConfig(Strict):
+    coef: float = F(
+        0.0,
+        "lambda of observation SFT (ECHO, arXiv 2605.24517; 0.1 in ECHO and prime-rl): an auxiliary cross-entropy on "
+        "the observation tokens after the prompt, from the policy's forward pass, with its own token denominator; "
+        "0 = off (docs/algorithms.md section 12).",
+        ge=0,
+        le=1e3,
+    )
+
+
 class CorrectionConfig(Strict):
     name: str = F(
         "none",
@@ -355,6 +366,7 @@ class AlgoConfig(Strict):
     correction: CorrectionConfig = F(
         CorrectionConfig(), "Off-policy correction between the sampler's and the behaviour log-probs."
     )
+    obs_sft: ObsSftConfig = F(ObsSftConfig(), "Observation SFT (ECHO): cross-entropy on observation tokens.")
     forced_tokens: Literal["count", "drop"] = F(
         "count",
         "Constrained decoding: tokens that were the only admissible continuation have log-prob 0 and no "

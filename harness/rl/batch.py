@@ -99,6 +99,9 @@ class TrainBatch:
     env: torch.Tensor  # (N,)
     anchor: torch.Tensor  # (N, K) state ids before each turn
     concatenated: bool
+    # (B, T) float: the observation tokens observation SFT trains on (`algo.obs_sft`): segments after
+    # the prompt, each once, not those following a format error; None in hand-made batches
+    obs_mask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -130,6 +133,7 @@ class TrainBatch:
             "sampler_logp",
             "stream_pos",
             "allowed",
+            "obs_mask",
         )
         return replace(self, **{f: getattr(self, f)[idx, :T] for f in row_fields if getattr(self, f) is not None})
 
@@ -154,11 +158,15 @@ def build_batch(
     (`rollout.cross_policy.train_on: current`)."""
     streams = [episode_stream(ep) for ep in episodes]
     Ts = max(len(s.ids) for s in streams)
-    rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow")}
+    rows: dict[str, list[list]] = {k: [] for k in ("ids", "loss", "act", "aid", "traj", "slp", "pos", "allow", "obs")}
     next_action = 0
     for i, (ep, s) in enumerate(zip(episodes, streams)):
         trainable_obs = [0 if mask_observations else int(o >= 0) for o in s.obs_turn]
+        # observation SFT (ECHO): observations after the prompt, except the environment's complaint
+        # about a malformed action (the observation after a format error)
+        world = [t > 0 and not ep.steps[t - 1].format_error for t in range(len(ep.steps))]
         if concatenated:
+            rows["obs"].append([int(o > 0 and world[o]) for o in s.obs_turn])
             # a trained observation token belongs to the action it precedes (one ratio segment)
             aid = [
                 next_action + t if t >= 0 else next_action + o if tr else -1
@@ -183,6 +191,8 @@ def build_batch(
                 ctx = st.context_ids if st.context_ids is not None else s.ids[: s.action_start[t]]
                 n_obs = min(len(st.obs_ids), len(ctx)) if (t > 0 and not mask_observations) else 0
                 L, A = len(ctx), len(st.action_ids)
+                n_world = min(len(st.obs_ids), L) if world[t] else 0
+                rows["obs"].append([0] * (L - n_world) + [1] * n_world + [0] * A)
                 loss = [0] * (L - n_obs) + [1] * n_obs + [1] * A
                 act = [0] * L + [1] * A
                 aid = [-1] * (L - n_obs) + [next_action + t] * (n_obs + A)
@@ -275,6 +285,7 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         traj_id=_pad(rows["traj"], -1, LONG),
         sampler_logp=_pad(rows["slp"], 0.0, torch.float32),
         stream_pos=_pad(rows["pos"], -1, LONG),
+        obs_mask=_pad(rows["obs"], 0, torch.float32),
         # only constrained rollouts carry admissible sets: skip the per-token scan otherwise
         allowed=(
             _pad_allowed(rows["allow"])

@@ -82,6 +82,7 @@ class Denominators:
     loss: AggParams
     policy: AggParams
     value: AggParams
+    obs: AggParams | None = None  # observation SFT's tokens (algo.obs_sft)
 
 
 def loss_terms(
@@ -134,8 +135,19 @@ def loss_terms(
         vloss = value_loss(values, old_values, returns, mb.action_mask, a.critic.value_clip, agg, denominators.value)
         loss = loss + a.critic.coef * vloss
         terms["loss/value"] = vloss.detach()
+    if a.obs_sft.coef > 0 and mb.obs_mask is not None:
+        obs = observation_nll(logp, mb.obs_mask, denominators.obs)
+        loss = loss + a.obs_sft.coef * obs
+        terms["loss/obs_sft"] = obs.detach()
     terms["loss/total"] = loss.detach()
     return MicroLoss(loss, terms, stats)
+
+
+def observation_nll(logp: torch.Tensor, obs_mask: torch.Tensor, counts: AggParams | None) -> torch.Tensor:
+    """ECHO's observation term (docs/algorithms.md section 12): -sum(m_o * logp) / N_o, N_o the
+    observation tokens of the whole minibatch (`counts.num_tokens`; this call's own when None)."""
+    n = counts.num_tokens if counts is not None and counts.num_tokens is not None else float(obs_mask.sum())
+    return -(logp * obs_mask).sum() / max(n, 1.0)
 
 
 def value_loss(values, old_values, returns, mask, clip, agg, agg_params) -> torch.Tensor:
