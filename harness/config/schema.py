@@ -446,11 +446,26 @@ class RolloutConfig(Strict):
     cross_policy: CrossPolicyConfig = F(CrossPolicyConfig(), "Cross-policy sampling from a pool of policies (AgentRL).")
     staleness: int = F(
         0,
-        "Deterministic asynchronous rollout: the episodes of update u are sampled with the adapter the trainer had "
-        "at the start of update u - k (0 = synchronous; docs/algorithms.md section 11).",
+        "Asynchronous rollout with staleness bound k (0 = synchronous; docs/algorithms.md section 11). "
+        "Deterministic mode (concurrent: false): update u's episodes are sampled with the adapter the trainer "
+        "had at the start of update u - k. Concurrent mode: a rollout process runs up to k updates ahead.",
         ge=0,
         le=1000,
     )
+    concurrent: bool = F(
+        False,
+        "Generate rollouts in a separate process that overlaps the learner's updates, within rollout.staleness "
+        "(the lag then varies in [0, k] with timing; rollout/staleness logs it).",
+    )
+
+    @model_validator(mode="after")
+    def _concurrent_alone(self) -> RolloutConfig:
+        if self.concurrent and self.cross_policy.members:
+            raise ValueError(
+                f"rollout.concurrent = true with rollout.cross_policy.members = {self.cross_policy.members}: "
+                "cross-policy sampling runs in the synchronous or deterministic modes only; set one of them off"
+            )
+        return self
 
 
 class TrainConfig(Strict):

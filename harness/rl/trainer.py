@@ -33,6 +33,7 @@ from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
+from harness.rl.concurrent import ConcurrentRollout, rollout_metrics
 from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import CrossPolicy, collect, turn_budget_at
 from harness.rl.sampler_copy import SamplerModel, StalePool
@@ -90,10 +91,13 @@ class Trainer:
         self.updates = planned_updates(cfg)
         self.best = {"update": 0, "success": -1.0}
         self._venv = VenvPool(cfg.env)  # vector envs by batch size
+        self.concurrent: ConcurrentRollout | None = None  # rollout.concurrent, started by run()
         self.monitor = CollapseMonitor(stop_on=("echo_trap",) if cfg.train.early_stop_on_collapse else ())
 
     # ------------------------------------------------------------------ rollouts
     def close(self) -> None:
+        if self.concurrent is not None:
+            self.concurrent.close()
         self._venv.close()
         self.env.close()
 
@@ -222,7 +226,9 @@ class Trainer:
             self.sampler.load_state_dict(state.get("sampler_snapshots"))
             self.pool.load_state_dict(state.get("pool_snapshots"))
             self.logger.truncate_after(start)
-        else:
+        if c.rollout.concurrent and start < self.updates:  # starts generating while we evaluate
+            self.concurrent = ConcurrentRollout(c, self.policy.model, start, self.updates, rollout_worker)
+        if resumed is None:
             init = self.evaluate(0)
             state["init_eval"] = init
             self.logger.log(0, init)
@@ -286,13 +292,23 @@ class Trainer:
         )
 
     def _one_update(self, update: int) -> dict[str, float]:
-        c = self.cfg
+        budget = turn_budget_at(update - 1, self.cfg.turns)
+        if self.concurrent is not None:  # rollout.concurrent: generated ahead by the rollout process
+            got = self.concurrent.take(update)
+            metrics = self._learn(update, budget, got.kept, got.all_eps, got.fstats, got.seconds)
+            self.concurrent.publish(update, self.policy.model)
+            return {**metrics, **rollout_metrics(got)}
         t0 = time.time()
-        budget = turn_budget_at(update - 1, c.turns)
         self.sampler.record()  # the weights this update starts from (rollout.staleness)
         self.pool.record(update)  # rollout.cross_policy
         kept, all_eps, fstats = self._filtered_rollout(update, budget)
-        t_roll = time.time() - t0
+        return self._learn(update, budget, kept, all_eps, fstats, time.time() - t0)
+
+    def _learn(self, update: int, budget: int, kept, all_eps, fstats, t_roll: float) -> dict[str, float]:
+        """Everything of an update after its rollout: metrics of the episodes, the training batch, the
+        update, diagnostics."""
+        c = self.cfg
+        t0 = time.time()
         metrics = {
             **episode_metrics(all_eps, "env", self.markers),
             **group_reward_stats(all_eps),
@@ -322,7 +338,7 @@ class Trainer:
         metrics["perf/train_tokens"] = float(batch.attention_mask.sum())
         # wall times vary between identical runs: they go to timings.jsonl, so that
         # metrics.jsonl stays bit-identical for the same config and seed
-        self.logger.log_timings(update, {"rollout_s": t_roll, "update_s": time.time() - t0 - t_roll})
+        self.logger.log_timings(update, {"rollout_s": t_roll, "update_s": time.time() - t0})
         return metrics
 
     def _mi(self, eps: list[Episode]) -> dict[str, float]:
@@ -361,6 +377,11 @@ class Trainer:
         # and wall time of the training loop, evaluations included
         out.update({f"cost/{k}": float(v) for k, v in state.get("cost", {}).items()})
         return out
+
+
+def rollout_worker(cfg: RunConfig, folder: Path) -> Trainer:
+    """The trainer a concurrent rollout process samples with (harness.rl.concurrent)."""
+    return Trainer(cfg, folder, logger=None)
 
 
 def train(cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None) -> dict:

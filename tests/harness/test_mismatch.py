@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,55 @@ def test_a_stale_run_is_bit_reproducible_and_resumes_exactly(tmp_path):
     resumed = baseline_run.run(tmp_path / "c", cfg)
     assert [r["update"] for r in resumed] == [0, 1, 2, 3, 4]
     assert json.dumps(resumed) == json.dumps(a)
+
+
+# ----------------------------------------------------------------------------- concurrent rollout
+def _without(rows: list[dict], key: str) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != key} for r in rows]
+
+
+def test_concurrent_rollout_with_staleness_zero_is_the_synchronous_trainer(tmp_path):
+    """The rollout process waits for every update when k = 0: every metric equals the synchronous
+    run's bit for bit, and the logged staleness is 0."""
+    sync = baseline_run.run(tmp_path / "sync", QUICK)
+    conc = baseline_run.run(tmp_path / "conc", _merge(QUICK, {"rollout": {"concurrent": True}}))
+    assert [r.get("rollout/staleness") for r in conc[1:]] == [0.0, 0.0, 0.0]
+    assert json.dumps(_without(conc, "rollout/staleness")) == json.dumps(sync)
+
+
+def test_concurrent_rollout_stays_within_its_staleness_bound(tmp_path):
+    """k = 2: every batch comes from an adapter at most 2 updates old; batch 1 always comes from the
+    weights before RL, so update 1 is the synchronous one."""
+    sync = baseline_run.run(tmp_path / "sync", QUICK)
+    conc = baseline_run.run(tmp_path / "conc", _merge(QUICK, {"rollout": {"concurrent": True, "staleness": 2}}))
+    lags = [r["rollout/staleness"] for r in conc[1:]]
+    assert len(lags) == 3 and all(0.0 <= x <= 2.0 for x in lags) and lags[0] == 0.0
+    assert json.dumps(_without(conc, "rollout/staleness")[1]) == json.dumps(sync[1])
+
+
+def test_an_interrupted_concurrent_run_resumes_exactly_and_stops_its_rollout_process(tmp_path):
+    from harness.rl.trainer import train
+
+    cfg = _merge(QUICK, {"rollout": {"concurrent": True}, "train": {"updates": 4, "checkpoint_every": 2}})
+    full = baseline_run.run(tmp_path / "full", cfg)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_3(p):
+        if p["update"] == 3:
+            raise Interrupt
+
+    before = {c.pid for c in multiprocessing.active_children()}
+    logger = RunLogger(tmp_path / "cut")
+    with pytest.raises(Interrupt):
+        train(RunConfig.model_validate(cfg), tmp_path / "cut", logger, stop_at_3)
+    logger.close("interrupted")
+    assert {c.pid for c in multiprocessing.active_children()} <= before  # the rollout process is gone
+    resumed = baseline_run.run(tmp_path / "cut", cfg)
+    assert json.dumps(resumed) == json.dumps(full)
+
+
+def test_concurrent_rollout_and_cross_policy_are_refused_together():
+    with pytest.raises(Exception, match="cross-policy sampling runs in the synchronous or deterministic modes"):
+        validate_run_config(_merge(BASE, {"rollout": {"concurrent": True, "cross_policy": {"members": 1}}}), "t")
