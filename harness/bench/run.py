@@ -7,6 +7,7 @@ below are what we aim for.
 - generation cost of turn 8 vs turn 1, concatenated layout, KV reuse   target <= 1.5x
 - one update vs TRL's GRPOTrainer step, same model / LoRA / tokens     target <= 1.0x the time
 - peak memory of the log-prob computation vs a naive log-softmax      target <= 0.25x
+- a training loop with the concurrent rollout process vs the synchronous loop (--only concurrent)
 """
 
 from __future__ import annotations
@@ -200,4 +201,53 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
             "trl_max_completion_tokens": trl_tokens,
             "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size,
         }
+    if "concurrent" in parts:
+        out["concurrent_vs_synchronous"] = bench_concurrent(cfg, steps)
     return out
+
+
+def _train_seconds(cfg: RunConfig) -> tuple[float, list[dict]]:
+    """Wall time of the whole training loop (`harness.rl.trainer.train`) and its metric rows."""
+    from harness.rl.trainer import train
+
+    class Rows(_NullLogger):
+        def __init__(self):
+            self.rows: list[dict] = []
+
+        def log(self, update, metrics) -> None:
+            self.rows.append({"update": update, **metrics})
+
+    logger = Rows()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        train(cfg, Path(tmp), logger)
+        return time.perf_counter() - t0, logger.rows
+
+
+def bench_concurrent(cfg: RunConfig, updates: int, staleness: int = 1, repeats: int = 2) -> dict:
+    """The same `updates` with the rollout in the learner's process (synchronous) and in a concurrent
+    rollout process (`rollout.concurrent`, lag <= `staleness`), interleaved `repeats` times; the
+    evaluation only before RL (cached) and after the last update, identical on both sides. Ratio =
+    concurrent / synchronous wall time (< 1: the overlap pays for the second process)."""
+    d = cfg.model_dump()
+    d["train"].update({"updates": updates, "eval_every": 0, "checkpoint_every": 0, "mi_every": 0})
+    d["tracking"].update({"mlflow": False})
+    sync_cfg = RunConfig.model_validate(d)
+    d["rollout"].update({"concurrent": True, "staleness": staleness})
+    conc_cfg = RunConfig.model_validate(d)
+    _train_seconds(sync_cfg)  # warm-up: caches (tiny model, SFT, start evaluation)
+    sync, conc, lags = [], [], []
+    for _ in range(repeats):
+        sync.append(_train_seconds(sync_cfg)[0])
+        seconds, rows = _train_seconds(conc_cfg)
+        conc.append(seconds)
+        lags += [r["rollout/staleness"] for r in rows if "rollout/staleness" in r]
+    return {
+        "updates": updates,
+        "staleness_bound": staleness,
+        "synchronous_s": statistics.median(sync),
+        "concurrent_s": statistics.median(conc),
+        "ratio": statistics.median(conc) / statistics.median(sync),
+        "mean_staleness": sum(lags) / max(len(lags), 1),
+        "repeats": repeats,
+    }
