@@ -44,7 +44,7 @@ def harness(*args: str, **env: str) -> subprocess.CompletedProcess:
         env=cli_env(**env),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a guard against hangs: two suites in parallel on 2 cores took 300 s once
     )
 
 
