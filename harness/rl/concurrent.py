@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 
 from harness.config.schema import RunConfig
 from harness.rl.rollout import turn_budget_at
+from harness.rl.sampler_copy import copy_weights, snapshot, trainable_names
 
 POLL_S = 0.005  # how often the rollout process checks the learner's version while it waits
 
@@ -60,16 +61,13 @@ class RolloutFailure:
     message: str
 
 
-def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
 class ConcurrentRollout:
     """The learner's side: start the rollout process, take batches, publish weights."""
 
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, start: int, last: int, make_worker: Callable):
         ctx = mp.get_context("spawn")
-        self.shared = {n: p.detach().to("cpu", copy=True).share_memory_() for n, p in _trainable(model).items()}
+        self.names = trainable_names(model)
+        self.shared = {n: t.share_memory_() for n, t in snapshot(model, self.names).items()}
         self.version = ctx.Value("q", start)
         self.lock = ctx.Lock()
         self.queue = ctx.Queue(maxsize=max(cfg.rollout.staleness, 1))
@@ -96,12 +94,10 @@ class ConcurrentRollout:
             raise RuntimeError(f"the rollout process sent batch {item.update} for update {update}")
         return item
 
-    @torch.no_grad()
     def publish(self, update: int, model: torch.nn.Module) -> None:
         """The learner finished `update`: hand its weights to the rollout process."""
         with self.lock:
-            for n, p in _trainable(model).items():
-                self.shared[n].copy_(p.detach())
+            copy_weights(self.shared, dict(model.named_parameters()), self.names)
             self.version.value = update
 
     def close(self) -> None:
@@ -122,20 +118,20 @@ def _rollout_process(
         # this process samples with its own model directly: the lag comes from running ahead of the
         # learner, not from the deterministic mode's snapshots
         rollout = cfg.rollout.model_copy(update={"staleness": 0, "concurrent": False})
-        worker = make_worker(cfg.model_copy(update={"rollout": rollout}), Path(tempfile.mkdtemp()))
-        k = cfg.rollout.staleness
-        params = _trainable(worker.policy.model)
-        for b in range(first, last + 1):
-            while version.value < b - 1 - k:
-                time.sleep(POLL_S)
-            with lock, torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(shared[n])
-                v = int(version.value)
-            t0 = time.time()
-            kept, all_eps, fstats = worker._filtered_rollout(b, turn_budget_at(b - 1, cfg.turns))
-            out.put(RolloutBatch(b, v, kept, all_eps, fstats, time.time() - t0))
-        worker.close()
+        with tempfile.TemporaryDirectory(prefix="harness-rollout-") as folder:
+            worker = make_worker(cfg.model_copy(update={"rollout": rollout}), Path(folder))
+            k = cfg.rollout.staleness
+            params = dict(worker.policy.model.named_parameters())
+            for b in range(first, last + 1):
+                while version.value < b - 1 - k:
+                    time.sleep(POLL_S)
+                with lock:
+                    copy_weights(params, shared, list(shared))
+                    v = int(version.value)
+                t0 = time.time()
+                kept, all_eps, fstats = worker._filtered_rollout(b, turn_budget_at(b - 1, cfg.turns))
+                out.put(RolloutBatch(b, v, kept, all_eps, fstats, time.time() - t0))
+            worker.close()
     except Exception:  # noqa: BLE001 - reported to the learner, which raises it
         out.put(RolloutFailure(traceback.format_exc()))
 

@@ -14,12 +14,16 @@ u - k (the weights before any update while u - k < 1), as an asynchronous system
 k updates ahead of the learner would sample them, but in a fixed order, so a run is bit-reproducible
 and the lag is exactly k. The last k + 1 snapshots of the trainable weights are kept (on the CPU) and
 go into the checkpoint, so a resumed run samples exactly as an uninterrupted one.
+
+`rollout.cross_policy` (AgentRL) keeps its stale pool here too (`StalePool`); the weight helpers
+below also serve the concurrent rollout's hand-off (harness.rl.concurrent).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -27,50 +31,80 @@ from torch import nn
 from harness.model.base import DTYPES
 
 
+def trainable_names(model: nn.Module) -> list[str]:
+    """Names of the parameters the trainer updates (the adapter under LoRA)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def copy_weights(target: Mapping[str, torch.Tensor], source: Mapping[str, torch.Tensor], names: list[str]) -> None:
+    """target[n] <- source[n] for each name (copy_ casts to the target's dtype and device)."""
+    for n in names:
+        target[n].copy_(source[n])
+
+
+@torch.no_grad()
+def snapshot(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """CPU copies of the named parameters."""
+    named = dict(model.named_parameters())
+    return {n: named[n].detach().to("cpu", copy=True) for n in names}
+
+
+def frozen_copy(model: nn.Module, sampler_dtype: str) -> nn.Module:
+    """A gradient-free eval-mode copy of `model`, cast to `sampler_dtype` unless it is `same`."""
+    out = copy.deepcopy(model)
+    if sampler_dtype != "same":
+        out = out.to(DTYPES[sampler_dtype])
+    return out.eval().requires_grad_(False)
+
+
+class Snapshots:
+    """The last `size` snapshots of a model's trainable weights, oldest first; they go into the checkpoint."""
+
+    def __init__(self, model: nn.Module, size: int):
+        self.model, self.names = model, trainable_names(model)
+        self.ring: deque[dict[str, torch.Tensor]] = deque(maxlen=size)
+
+    def take(self) -> None:
+        self.ring.append(snapshot(self.model, self.names))
+
+    def state_dict(self) -> list[dict[str, torch.Tensor]]:
+        return list(self.ring)
+
+    def load_state_dict(self, snapshots: list[dict[str, torch.Tensor]] | None) -> None:
+        self.ring.clear()
+        self.ring.extend(snapshots or [])
+
+
 class SamplerModel:
     """`model()`: the module to sample the next rollout with (see the module docstring)."""
 
     def __init__(self, trainer_model: nn.Module, sampler_dtype: str, staleness: int = 0):
-        self.trainer_model = trainer_model
-        self.staleness = staleness
-        self.copy: nn.Module | None = None
-        self._trainable = [n for n, p in trainer_model.named_parameters() if p.requires_grad]
-        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=staleness + 1)
-        if sampler_dtype != "same" or staleness > 0:
-            self.copy = copy.deepcopy(trainer_model)
-            if sampler_dtype != "same":
-                self.copy = self.copy.to(DTYPES[sampler_dtype])
-            self.copy.eval().requires_grad_(False)
+        self.trainer_model, self.staleness = trainer_model, staleness
+        self.snapshots = Snapshots(trainer_model, staleness + 1)
+        lagged_or_cast = sampler_dtype != "same" or staleness > 0
+        self.copy = frozen_copy(trainer_model, sampler_dtype) if lagged_or_cast else None
 
-    @torch.no_grad()
     def record(self) -> None:
         """Keep the trainer's current trainable weights: call once before each update's rollout."""
         if self.staleness > 0:
-            named = dict(self.trainer_model.named_parameters())
-            self.snapshots.append({n: named[n].detach().to("cpu", copy=True) for n in self._trainable})
+            self.snapshots.take()
 
-    @torch.no_grad()
     def model(self) -> nn.Module:
         """The trainer's model (same dtype, no lag), or the copy with the trainable weights of k updates
         ago (the oldest snapshot kept), or else the trainer's current ones."""
         if self.copy is None:
             return self.trainer_model
-        if self.staleness > 0 and self.snapshots:
-            source = self.snapshots[0]
-        else:
-            source = dict(self.trainer_model.named_parameters())
-        target = dict(self.copy.named_parameters())
-        for name in self._trainable:
-            target[name].copy_(source[name])  # copy_ casts to the copy's dtype and device
+        lagged = self.staleness > 0 and self.snapshots.ring
+        source = self.snapshots.ring[0] if lagged else dict(self.trainer_model.named_parameters())
+        copy_weights(dict(self.copy.named_parameters()), source, self.snapshots.names)
         return self.copy
 
     def state_dict(self) -> list[dict[str, torch.Tensor]]:
-        """The snapshots kept (for the checkpoint)."""
-        return list(self.snapshots)
+        return self.snapshots.state_dict()
 
     def load_state_dict(self, snapshots: list[dict[str, torch.Tensor]] | None) -> None:
-        self.snapshots.clear()
-        self.snapshots.extend(snapshots or [])
+        self.snapshots.load_state_dict(snapshots)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -83,42 +117,34 @@ class StalePool:
     Every `refresh_every` updates (at the start of updates 1, 1 + R, 1 + 2R, ...) the pool keeps a
     snapshot of the trainer's trainable weights; member j (1-based) samples with the j-th most recent
     snapshot (the oldest one while fewer than j exist). Each member is a copy of the policy in the
-    sampler's dtype. The snapshots go into the checkpoint."""
+    sampler's dtype, loaded when the snapshots change. The snapshots go into the checkpoint."""
 
     def __init__(self, trainer_model: nn.Module, sampler_dtype: str, members: int, refresh_every: int):
-        self.trainer_model, self.refresh_every = trainer_model, refresh_every
-        self._trainable = [n for n, p in trainer_model.named_parameters() if p.requires_grad]
-        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=members)
-        self.copies: list[nn.Module] = []
-        for _ in range(members):
-            c = copy.deepcopy(trainer_model)
-            if sampler_dtype != "same":
-                c = c.to(DTYPES[sampler_dtype])
-            self.copies.append(c.eval().requires_grad_(False))
+        self.refresh_every = refresh_every
+        self.snapshots = Snapshots(trainer_model, members)
+        self.copies = [frozen_copy(trainer_model, sampler_dtype) for _ in range(members)]
 
-    @torch.no_grad()
     def record(self, update: int) -> None:
         """Call at the start of `update` (1-based), before its rollout."""
         if self.copies and (update - 1) % self.refresh_every == 0:
-            named = dict(self.trainer_model.named_parameters())
-            self.snapshots.append({n: named[n].detach().to("cpu", copy=True) for n in self._trainable})
+            self.snapshots.take()
+            self._load()
 
-    @torch.no_grad()
-    def members(self) -> list[nn.Module]:
-        """The stale members with their snapshots loaded (member j = the j-th most recent snapshot)."""
-        if not self.copies:
-            return []
-        newest_first = list(reversed(self.snapshots))
+    def _load(self) -> None:
+        newest_first = list(reversed(self.snapshots.ring))
+        if not newest_first:
+            return
         for j, c in enumerate(self.copies):
             snap = newest_first[min(j, len(newest_first) - 1)]
-            target = dict(c.named_parameters())
-            for name in self._trainable:
-                target[name].copy_(snap[name])
+            copy_weights(dict(c.named_parameters()), snap, self.snapshots.names)
+
+    def members(self) -> list[nn.Module]:
+        """The stale members (member j = the j-th most recent snapshot)."""
         return self.copies
 
     def state_dict(self) -> list[dict[str, torch.Tensor]]:
-        return list(self.snapshots)
+        return self.snapshots.state_dict()
 
     def load_state_dict(self, snapshots: list[dict[str, torch.Tensor]] | None) -> None:
-        self.snapshots.clear()
-        self.snapshots.extend(snapshots or [])
+        self.snapshots.load_state_dict(snapshots)
+        self._load()

@@ -260,21 +260,22 @@ class Trainer:
                 }
             )
             if (c.train.checkpoint_every and update % c.train.checkpoint_every == 0) or update == self.updates:
-                state["best"], state["collapse"] = self.best, self.monitor.state_dict()
-                state["sampler_snapshots"] = self.sampler.state_dict()
-                state["pool_snapshots"] = self.pool.state_dict()
-                save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
+                self._checkpoint(update, modules, state)
             if self.monitor.should_stop:
-                state["best"], state["collapse"] = self.best, self.monitor.state_dict()
-                state["sampler_snapshots"] = self.sampler.state_dict()
-                state["pool_snapshots"] = self.pool.state_dict()
-                save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
+                self._checkpoint(update, modules, state)
                 break
         if self.updates == 0 and resumed is None:
             state["collapse"] = self.monitor.state_dict()
             save_checkpoint(self.run_dir, 0, modules, self.optimizer, state)
         self.policy.save_adapter(self.run_dir / "adapter")
         return self._summary(state, last_eval)
+
+    def _checkpoint(self, update: int, modules, state: dict) -> None:
+        """Save weights, optimizer and the loop's state (best, collapse monitor, sampler snapshots)."""
+        state["best"], state["collapse"] = self.best, self.monitor.state_dict()
+        state["sampler_snapshots"] = self.sampler.state_dict()
+        state["pool_snapshots"] = self.pool.state_dict()
+        save_checkpoint(self.run_dir, update, modules, self.optimizer, state)
 
     def training_batch(self, episodes: list[Episode], cfg: RunConfig | None = None) -> TrainBatch:
         """The training batch of `episodes` in the configured layout and masks, with each episode's

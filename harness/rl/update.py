@@ -164,7 +164,8 @@ def _minibatch_step(
         policy=_counts(policy_masks, a.agg_len),
         # the critic is fitted on action tokens only (observations have no returns)
         value=replace(global_counts(batch.action_mask[mb_idx]), agg_len=a.agg_len),
-        obs=global_counts(batch.obs_mask[mb_idx]) if batch.obs_mask is not None else None,
+        # observation SFT's own token count (algo.obs_sft), only when the term is on
+        obs=global_counts(batch.obs_mask[mb_idx]) if a.obs_sft.coef > 0 and batch.obs_mask is not None else None,
     )
     own_mask = a.clip.seq_mask or corr.keep is not None
     for micro, pmask in zip(micros, policy_masks):
