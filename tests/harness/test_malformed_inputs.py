@@ -133,6 +133,17 @@ RUN = [
     run_case("temperature-zero", "rollout: {temperature: 0}\n", "rollout.temperature = 0", "greater than 0"),
     run_case("top-p", "rollout: {top_p: 1.5}\n", "rollout.top_p = 1.5", "less than or equal to 1"),
     run_case("vllm", "rollout: {backend: vllm}\n", "rollout.backend 'vllm' is not implemented"),
+    run_case(
+        "staleness-negative", "rollout: {staleness: -1}\n", "rollout.staleness = -1", "greater than or equal to 0"
+    ),
+    run_case("cross-prob", "rollout: {cross_policy: {prob: 1.5}}\n", "rollout.cross_policy.prob = 1.5"),
+    run_case(
+        "concurrent-cross",
+        "rollout: {concurrent: true, cross_policy: {members: 1}}\n",
+        "rollout.concurrent = true",
+        "rollout.cross_policy.members = 1",
+    ),
+    run_case("obs-sft-negative", "algo: {obs_sft: {coef: -0.1}}\n", "algo.obs_sft.coef = -0.1"),
     run_case("max-new-tokens-zero", "rollout: {max_new_tokens: 0}\n", "rollout.max_new_tokens = 0"),
     run_case("seed-negative", "train: {seed: -1}\n", "train.seed = -1", "greater than or equal to 0"),
     run_case("seed-2-64", f"train: {{seed: {2**64}}}\n", f"train.seed = {2**64}", str(SEED_MAX)),
