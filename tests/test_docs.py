@@ -41,8 +41,8 @@ def test_code_comments_point_inside_the_repository():
     repo = DOC.parents[1]
     offenders = [
         str(p.relative_to(repo))
-        for pkg in ("harness", "algorithms", "envs", "analysis", "sweeps", "configs")
+        for pkg in ("harness", "algorithms", "envs", "analysis", "sweeps", "configs", "docs")
         for p in (repo / pkg).rglob("*")
-        if p.suffix in (".py", ".yaml") and "REFERENCE" in p.read_text()
+        if p.suffix in (".py", ".yaml", ".md") and "REFERENCE" in p.read_text()
     ]
     assert not offenders, f"these name a REFERENCE file outside the repository: {offenders}"
