@@ -378,6 +378,15 @@ class AlgoConfig(Strict):
     micro_batch_size: int = F(
         16, "Rows per forward pass (gradient accumulation); does not change results.", ge=1, le=MAX_BATCH
     )
+    micro_batch_tokens: int = F(
+        0,
+        "Token budget per forward pass (0 = off: fixed micro_batch_size rows). When set, rows are sorted by "
+        "length and packed so that rows x longest row <= budget (a longer trajectory gets a pass of its own), "
+        "replacing micro_batch_size; as verl's use_dynamic_bsz, it cuts padding and changes results only "
+        "at float-rounding level.",
+        ge=0,
+        le=MAX_TOKENS * MAX_BATCH,
+    )
     lr: float = F(1e-4, "Actor learning rate (AdamW).", gt=0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0)
     grad_clip: float = F(1.0, "Max global gradient norm (0 = off).", ge=0)

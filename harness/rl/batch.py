@@ -38,6 +38,24 @@ def _pad(rows: list[list], value, dtype) -> torch.Tensor:
     return out
 
 
+def pack_by_tokens(units: list[list[int]], lengths: list[int], budget: int) -> list[list[int]]:
+    """Token-budget micro-batches (`algo.micro_batch_tokens`): the units (lists of row indices, kept
+    together) are taken longest first and packed greedily while rows x longest row <= `budget`; a unit
+    over the budget gets a pass of its own. Sorting by length is what removes the padding."""
+    order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep their order
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_len = 0
+    for u in order:
+        rows = len(cur) + len(units[u])
+        if cur and rows * max(cur_len, lengths[u]) > budget:
+            out.append(cur)
+            cur, cur_len = [], 0
+        cur = cur + units[u]
+        cur_len = max(cur_len, lengths[u])
+    return out + ([cur] if cur else [])
+
+
 def state_id(key: str) -> int:
     """Stable integer id of an environment state key (GiGPO anchor), same in every process."""
     return zlib.crc32(key.encode("utf-8"))

@@ -19,7 +19,7 @@ from algorithms.types import AdvantageInputs, AdvantageParams
 from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig, axis_params
 from harness.model.logprobs import token_logprobs
-from harness.rl.batch import TrainBatch
+from harness.rl.batch import TrainBatch, pack_by_tokens
 from harness.rl.losses import on_device, policy_forward
 
 
@@ -40,6 +40,16 @@ class Forward:
 def micro_slices(n: int, size: int) -> list[torch.Tensor]:
     idx = torch.arange(n)
     return [idx[i : i + size] for i in range(0, n, size)]
+
+
+def forward_slices(batch: TrainBatch, size: int, tokens: int) -> list[torch.Tensor]:
+    """Row groups of a no-gradient pass: `size` rows in order, or packed by length under a token budget
+    (algo.micro_batch_tokens; rows are independent here, so each row is its own unit)."""
+    if tokens <= 0:
+        return micro_slices(batch.num_rows, size)
+    lengths = batch.attention_mask.sum(1).tolist()
+    packed = pack_by_tokens([[i] for i in range(batch.num_rows)], [int(x) for x in lengths], tokens)
+    return [torch.tensor(sorted(p)) for p in packed]
 
 
 def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
@@ -78,7 +88,8 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
     parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "val": [], "ent": [], "ent_c": []}
     T = batch.input_ids.shape[1]
     temperature = cfg.rollout.temperature
-    for idx in micro_slices(batch.num_rows, cfg.algo.micro_batch_size):
+    slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens)
+    for idx in slices:
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
         lp, ent, v = policy_forward(
@@ -98,7 +109,11 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
     policy.model.train(was_training)
-    cat = lambda xs: torch.cat(xs, 0) if xs else None  # noqa: E731
+    order = torch.cat(slices).argsort()  # back to row order (the identity without a token budget)
+
+    def cat(xs: list[torch.Tensor]) -> torch.Tensor | None:
+        return torch.cat(xs, 0)[order] if xs else None
+
     return Forward(cat(parts["old"]), cat(parts["ref"]), cat(parts["val"]), cat(parts["ent"]), cat(parts["ent_c"]))
 
 

@@ -21,7 +21,7 @@ from algorithms.types import AggParams
 from algorithms.utils import masked_mean
 from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
-from harness.rl.batch import TrainBatch
+from harness.rl.batch import TrainBatch, pack_by_tokens
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.losses import Denominators, loss_terms, policy_forward
 from harness.rl.mismatch import Correction, batch_correction, mismatch_diagnostics
@@ -57,10 +57,19 @@ def _minibatches(batch: TrainBatch, n: int, generator: torch.Generator) -> list[
     ]
 
 
-def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int, tokens: int = 0) -> list[torch.Tensor]:
     """Split `rows` into micro-batches of at most `size` rows, never splitting a trajectory
-    (a trajectory longer than `size` rows gets a micro-batch of its own)."""
+    (a trajectory longer than `size` rows gets a micro-batch of its own). With a token budget
+    (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead."""
     traj = _row_traj(batch)[rows]
+    if tokens > 0:
+        units: dict[int, list[int]] = {}
+        for k, t in enumerate(traj.tolist()):
+            units.setdefault(t, []).append(k)
+        lengths = batch.attention_mask[rows].sum(1).tolist()
+        groups = list(units.values())
+        packed = pack_by_tokens(groups, [max(int(lengths[k]) for k in g) for g in groups], tokens)
+        return [rows[torch.tensor(sorted(p))] for p in packed]
     out, cur = [], []
     for k in range(len(rows)):
         starts_traj = k == 0 or traj[k] != traj[k - 1]
@@ -157,7 +166,7 @@ def _minibatch_step(
     `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given."""
     a = cfg.algo
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
-    micros = _micro_batches(batch, mb_idx, a.micro_batch_size)
+    micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens)
     policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums)
     denominators = Denominators(
         loss=replace(global_counts(batch.loss_mask[mb_idx]), agg_len=a.agg_len),

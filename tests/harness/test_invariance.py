@@ -276,16 +276,28 @@ def check(env: Env, c: dict) -> None:
     policy.model.train()
     rows = torch.arange(batch.num_rows)
     grads = []
-    for size in (batch.num_rows, 1):
-        cfg_size = cfg.model_copy(update={"algo": a.model_copy(update={"micro_batch_size": size})})
+    budget = int(batch.attention_mask.sum(1).max()) * 2  # token-budget micro-batches of about two rows
+    for size, tokens in ((batch.num_rows, 0), (1, 0), (batch.num_rows, budget)):
+        cfg_size = cfg.model_copy(
+            update={"algo": a.model_copy(update={"micro_batch_size": size, "micro_batch_tokens": tokens})}
+        )
         policy.model.zero_grad(set_to_none=True)
         policy.value_head.zero_grad(set_to_none=True)
         _minibatch_step(policy, batch, rows, adv, returns, fwd, cfg_size, {})
         grads.append(_grads(policy))
     policy.model.eval()
-    full, one = grads  # (a zero gradient is legitimate: e.g. groups without reward variance and no KL term)
+    full, one, packed = grads  # (a zero gradient is legitimate: e.g. groups without reward variance and no KL term)
     assert len(_micro_batches(batch, rows, 1)) > 1  # the split really happened
-    assert (full - one).norm() <= 1e-5 * full.norm() + 1e-12, ((full - one).norm(), full.norm())
+    assert len(_micro_batches(batch, rows, batch.num_rows, budget)) > 1
+    for other in (one, packed):
+        assert (full - other).norm() <= 1e-5 * full.norm() + 1e-12, ((full - other).norm(), full.norm())
+    # the behaviour pass packed by length returns every row in its place
+    cfg_packed = cfg.model_copy(update={"algo": a.model_copy(update={"micro_batch_tokens": budget})})
+    fwd_packed = behaviour_forward(policy, batch, cfg_packed)
+    fwd_rows = behaviour_forward(policy, batch, cfg)
+    for name in ("old_logp", "ref_logp", "entropy"):
+        x, y = getattr(fwd_rows, name), getattr(fwd_packed, name)
+        assert torch.allclose(x * batch.attention_mask, y * batch.attention_mask, atol=1e-5), name
     # 3. both layouts give the same advantages on every action token of the same episodes
     if c["estimator"] != "gae":
         other = "per-step" if c["layout"] == "concatenated" else "concatenated"
