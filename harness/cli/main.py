@@ -66,8 +66,8 @@ def preflight(sweep: Any) -> None:
     check_before_run(sweep)
 
 
-def _print_points(sweep: Any, results: Path) -> None:
-    from harness.experiments.point import point_dir, point_state
+def _print_points(sweep: Any, results: Path, reuse: bool = True) -> None:
+    from harness.experiments.point import RunOptions, find_donor, point_dir, point_state
 
     print(
         f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
@@ -77,20 +77,31 @@ def _print_points(sweep: Any, results: Path) -> None:
         print("  " + " ".join(sweep.description.split()))
     for p in sweep.points:
         status = point_state(point_dir(results, sweep.name, p)) or "new"
+        if status == "new" and reuse and find_donor(p, sweep.name, RunOptions(results=results)):
+            status = "copy"  # an identical finished run in another sweep folder (RunOptions.reuse)
         mark = "*" if p.is_baseline else " "
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in p.overrides.items()) or "(base config)"
         print(f"{mark} {p.id}  [{status}]  {overrides}")
-    print("(* = baseline)")
+    print("(* = baseline; [copy] = an identical finished run in another sweep folder is copied, not trained)")
 
 
 EXTRA_COUNTS = {
     "elsewhere": "finished by another process",
     "busy": "busy (held by another process)",
     "corrupt": "corrupt (damaged files; --retry-failed runs them again)",
+    "reused": "of the done copied from identical finished runs in other sweep folders (--no-reuse trains them)",
 }
 
 
-def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow: bool, executor: Any = None) -> None:
+def _run(
+    sweep: Any,
+    results: Path,
+    workers: int,
+    retry_failed: bool,
+    no_mlflow: bool,
+    executor: Any = None,
+    reuse: bool = True,
+) -> None:
     from harness.experiments.progress import SweepProgress
     from harness.experiments.runner import RunOptions, run_sweep
     from harness.experiments.tracking import default_tracking_uri
@@ -101,6 +112,7 @@ def _run(sweep: Any, results: Path, workers: int, retry_failed: bool, no_mlflow:
         retry_failed=retry_failed,
         workers=workers,
         executor=executor,
+        reuse=reuse,
     )
     _sigterm_as_interrupt()
     result = run_sweep(sweep, opts, SweepProgress())
@@ -157,6 +169,12 @@ def sweep(
         "train.updates=1 for a smoke run (changes the point ids).",
     ),
     seeds: str | None = typer.Option(None, "--seeds", metavar="0,1,...", help="Run these seeds instead of the file's."),
+    no_reuse: bool = typer.Option(
+        False,
+        "--no-reuse",
+        help="Train every point, even one whose identical run (same config, seed, code, packages and CPU) "
+        "finished in another sweep folder under --results (default: copy it; CPU runs repeat bit for bit).",
+    ),
 ) -> None:
     """Run (or resume) every point of a sweep file.
 
@@ -177,7 +195,7 @@ def sweep(
     swp = load_sweep(file, list(override), seed_list)
     preflight(swp)
     if dry_run:
-        _print_points(swp, results)
+        _print_points(swp, results, not no_reuse)
         return
     if backend == "local" and (address or retries):
         _fail("--address and --retries apply to --backend ray", 2)
@@ -189,7 +207,7 @@ def sweep(
 
         executor = RayExecutor(address, retries, insecure)
     check_results_dir(results, "--results")
-    _run(swp, results, workers, retry_failed, no_mlflow, executor)
+    _run(swp, results, workers, retry_failed, no_mlflow, executor, reuse=not no_reuse)
 
 
 @app.command()
@@ -210,6 +228,9 @@ def run(
     ),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and exit."),
+    no_reuse: bool = typer.Option(
+        False, "--no-reuse", help="Train even when an identical finished run sits in another folder under --results."
+    ),
 ) -> None:
     """Run one config (with overrides) as a one-point sweep; resumes it if interrupted.
 
@@ -225,7 +246,7 @@ def run(
         print(dump_config(swp.points[0].config), end="")
         return
     check_results_dir(results, "--results/--out")
-    _run(swp, results, 1, True, no_mlflow)
+    _run(swp, results, 1, True, no_mlflow, reuse=not no_reuse)
 
 
 # ----------------------------------------------------------------------------- documentation

@@ -20,6 +20,7 @@ small deterministic fake trainer; without HARNESS_TESTING=1 it is ignored, with 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -71,6 +72,7 @@ class RunOptions:
     env_info: dict[str, Any] = field(default_factory=dict)  # provenance, computed once per sweep
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags (e.g. study, trial)
     executor: Callable[..., None] | None = None  # (sweep, todo, opts, progress, result); e.g. the Ray backend
+    reuse: bool = True  # copy an identical finished CPU run from another sweep folder (`find_donor`)
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -217,14 +219,95 @@ def run_point(
             return {"status": "skipped", "wall_s": 0.0, "error": None}
         t0 = time.monotonic()
         started = _start(point, run_dir)
-        status, metrics, error, logger = _train(point, sweep, opts, run_dir, progress)
+        donor = find_donor(point, sweep, opts)
+        if donor is not None:
+            status, metrics, error, logger = _reuse(point, sweep, opts, run_dir, donor)
+        else:
+            status, metrics, error, logger = _train(point, sweep, opts, run_dir, progress)
         run = {"started": started, "wall_s": time.monotonic() - t0, "run_dir": run_dir, "env_info": opts.env_info}
         atomic_write_json(run_dir / SUMMARY, _summary(point, sweep, status, metrics, error, run))
         if logger is not None:
             logger.close(status)
         append_jsonl(run_dir / EVENTS, [{"event": "end", "time": now_iso(), "status": status}])
         atomic_write_text(run_dir / STATUS, status + "\n")
-        return {"status": status, "wall_s": run["wall_s"], "error": error}
+        out = {"status": status, "wall_s": run["wall_s"], "error": error}
+        return {**out, "reused_from": str(donor)} if donor is not None else out
+
+
+# ----------------------------------------------------------------------------- reuse
+# A CPU run is a function of its resolved config, the code, the packages and the CPU's code path
+# (provenance.cpu_code_path): two runs that agree on all of them write the same metrics bit for bit.
+# So a point finished in another sweep folder of the same results root (the baseline every sweep of
+# one base config shares) is copied instead of trained again. Its cost columns stay the donor's.
+SAME_RUN_KEYS = ("code_version", "packages", "cpu", "accelerator")
+COPIED_LOGS = ("metrics.jsonl", "samples.jsonl", "timings.jsonl", "eval_tasks.jsonl")
+
+
+def find_donor(point: Point, sweep: str, opts: RunOptions) -> Path | None:
+    """A finished identical run of `point` in another sweep folder under opts.results, or None: same
+    config hash and config.yaml, status done and intact, and the same code (a git commit, and the same
+    uncommitted diff), packages and CPU code path; CPU runs only (a GPU run does not repeat its bits)."""
+    env = opts.env_info or environment()
+    on_cpu = point.config.train.device == "cpu" or (point.config.train.device == "auto" and not env.get("accelerator"))
+    if not opts.reuse or not on_cpu:
+        return None
+    if not (env.get("code_version") or {}).get("commit"):
+        return None  # outside a git checkout the code's identity is unknown
+    config_text = dump_config(point.config)
+    for cand in sorted(Path(opts.results).glob(f"*/*__{point.config_hash}")):
+        if cand.parent.name == sweep or read_status(cand) != "done" or point_problems(cand):
+            continue
+        try:
+            summary = json.loads((cand / SUMMARY).read_text())
+            same_config = (cand / CONFIG).read_text() == config_text
+        except (OSError, ValueError):
+            continue
+        if same_config and summary.get("config_hash") == point.config_hash and not summary.get("error"):
+            if all(summary.get(k) == env.get(k) for k in SAME_RUN_KEYS):
+                return cand
+    return None
+
+
+def _point_logger(point: Point, sweep: str, opts: RunOptions, run_dir: Path, **extra_tags: str) -> RunLogger:
+    tags = {
+        "point_id": point.id,
+        "sweep": sweep,
+        "variant": point.variant,
+        "config_hash": point.config_hash,
+        "seed": str(point.seed),
+        **opts.tags,
+        **extra_tags,
+    }
+    uri = opts.mlflow_uri if point.config.tracking.mlflow else None
+    logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
+    logger.log_params(flatten(point.config.model_dump(mode="json")))
+    return logger
+
+
+def _reuse(
+    point: Point, sweep: str, opts: RunOptions, run_dir: Path, donor: Path
+) -> tuple[str, dict, str | None, RunLogger | None]:
+    """Copy `donor`'s logs (through the logger, so MLflow gets the same metrics) and adapter."""
+    source = os.path.relpath(donor, opts.results)
+    logger = _point_logger(point, sweep, opts, run_dir, reused_from=source)
+    log = {
+        "metrics.jsonl": lambda u, rows: logger.log(u, {k: v for k, v in rows[0].items() if k != "update"}),
+        "samples.jsonl": logger.log_samples,
+        "timings.jsonl": lambda u, rows: logger.log_timings(u, {k: v for k, v in rows[0].items() if k != "update"}),
+        "eval_tasks.jsonl": logger.log_eval_tasks,
+    }
+    for name in COPIED_LOGS:
+        by_update: dict[int, list[dict]] = {}
+        for row in read_jsonl(donor / name):
+            by_update.setdefault(int(row["update"]), []).append(row)
+        for update, rows in by_update.items():
+            log[name](update, rows)
+    for folder in ("adapter",):
+        if (donor / folder).is_dir():
+            shutil.copytree(donor / folder, run_dir / folder, dirs_exist_ok=True)
+    append_jsonl(run_dir / EVENTS, [{"event": "reused", "time": now_iso(), "from": source}])
+    metrics = dict(json.loads((donor / SUMMARY).read_text()).get("metrics") or {})
+    return "done", metrics, None, logger
 
 
 def _train(
@@ -237,17 +320,7 @@ def _train(
     try:
         train = resolve_train_fn(opts.train_fn)
         diverged = _diverged_types(train)
-        tags = {
-            "point_id": point.id,
-            "sweep": sweep,
-            "variant": point.variant,
-            "config_hash": point.config_hash,
-            "seed": str(point.seed),
-            **opts.tags,
-        }
-        uri = opts.mlflow_uri if point.config.tracking.mlflow else None
-        logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
-        logger.log_params(flatten(point.config.model_dump(mode="json")))
+        logger = _point_logger(point, sweep, opts, run_dir)
         seed_everything(point.config.train.seed)
         with config_warnings_recorded(run_dir / EVENTS, point.id):
             metrics = dict(train(point.config, run_dir, logger, progress) or {})

@@ -116,6 +116,14 @@ def cpu_code_path() -> dict[str, Any]:
     }
 
 
+@lru_cache(maxsize=1)
+def accelerator() -> str | None:
+    """The CUDA device `train.device: auto` would pick, or None (runs stay on the CPU)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def environment() -> dict[str, Any]:
     """Everything above plus the machine, for summary.json."""
     return {
@@ -124,4 +132,5 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "host": platform.node(),
         "cpu": cpu_code_path(),
+        "accelerator": accelerator(),
     }

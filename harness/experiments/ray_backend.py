@@ -205,6 +205,7 @@ class RayExecutor:
             train_fn=spec_string(opts.train_fn),
             env_info=opts.env_info,
             tags=dict(opts.tags),
+            reuse=opts.reuse,
         )
         asks = {p.id: point_resources(p.config, total.get("GPU", 0)) for p in todo}
         for p in todo:

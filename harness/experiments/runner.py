@@ -123,6 +123,8 @@ def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResu
 def _record(result: SweepResult, progress: Any, point: Point, res: dict) -> None:
     status = res["status"]
     result.counts[status] = result.counts.get(status, 0) + 1
+    if res.get("reused_from"):
+        result.counts["reused"] = result.counts.get("reused", 0) + 1
     if status == "busy":
         result.busy.append(point)
     elif res.get("error"):
@@ -203,7 +205,7 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     child_opts = RunOptions(
-        opts.results, opts.mlflow_uri, spec_string(opts.train_fn), opts.retry_failed, 1, opts.env_info
+        opts.results, opts.mlflow_uri, spec_string(opts.train_fn), opts.retry_failed, 1, opts.env_info, reuse=opts.reuse
     )
     pending, active, ended = list(todo), {}, {}
     by_id = {p.id: p for p in todo}
