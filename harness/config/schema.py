@@ -499,6 +499,43 @@ class TrackingConfig(Strict):
     samples: int = F(4, "Episodes per update written to samples.jsonl.", ge=0, le=MAX_BATCH)
 
 
+class JudgeConfig(Strict):
+    """The step judge (docs/algorithms.md section 13): (state, action, next state) -> a vote in {+1, 0, -1}."""
+
+    kind: Literal["rule", "model"] = F(
+        "rule",
+        "rule: the environment's own state (-1 on a format error, else the sign of the change of its progress "
+        "score); model: a frozen causal LM prompted with the judge template, m sampled votes, majority.",
+    )
+    votes: int = F(
+        1, "m, votes per step; the step's vote is their majority, a tie gives 0 (OpenClaw-RL: 1, SWE: 3).", ge=1, le=64
+    )
+    model: str | None = F(
+        None,
+        "kind model: a Hugging Face id or local path of the frozen judge; null = the run's starting policy "
+        "(base model + SFT warm-up, adapter off), frozen.",
+    )
+    temperature: float = F(1.0, "kind model: sampling temperature of each vote (0 = greedy).", ge=0, le=10)
+    max_new_tokens: int = F(8, "kind model: tokens of each answer.", ge=1, le=512)
+
+
+class RewardConfig(Strict):
+    """Reward signals added to the environment's (docs/algorithms.md section 13)."""
+
+    process: Literal["none", "judge"] = F(
+        "none",
+        "Process rewards (OpenClaw-RL's evaluative signal): judge = every step gets the judge's vote; "
+        "none = the environment's rewards only (env.reward_density picks sparse or dense).",
+    )
+    weight: float = F(1.0, "w: weight of the process reward against the outcome (OpenClaw-RL SWE: 1.0).", ge=0, le=1e3)
+    form: Literal["episode", "step"] = F(
+        "episode",
+        "episode: R = outcome + w * mean of the step votes, on the last step (OpenClaw-RL SWE-PRM); "
+        "step: turn t's reward += w * vote_t, for step-level estimators (GiGPO, turn-level, GAE).",
+    )
+    judge: JudgeConfig = F(JudgeConfig(), "The step judge.")
+
+
 class RunConfig(Strict):
     model: ModelConfig = F(ModelConfig(), "Policy model.")
     env: EnvConfig = F(EnvConfig(), "Environment.")
@@ -509,6 +546,7 @@ class RunConfig(Strict):
     rollout: RolloutConfig = F(RolloutConfig(), "Sampling.")
     train: TrainConfig = F(TrainConfig(), "Training loop.")
     tracking: TrackingConfig = F(TrackingConfig(), "Logging.")
+    reward: RewardConfig = F(RewardConfig(), "Process rewards from a step judge (off by default).")
 
     @model_validator(mode="after")
     def _conflicts(self) -> RunConfig:
@@ -527,6 +565,11 @@ class RunConfig(Strict):
                 "one token stream per trajectory)"
             )
         check_norm_compatible(a.adv.estimator, a.adv.norm)
+        if self.reward.process != "none" and self.rollout.concurrent:
+            raise ValueError(
+                f"reward.process {self.reward.process!r} with rollout.concurrent: true: the judge runs in the "
+                f"learner's rollout loop; set rollout.concurrent: false or reward.process: none"
+            )
         self._check_sft_budget()
         if self.rollout.backend == "vllm":
             raise ValueError("rollout.backend 'vllm' is not implemented; use 'hf' (our batched sampler)")

@@ -67,6 +67,13 @@ def group_reward_stats(episodes: list[Episode]) -> dict[str, float]:
     return {"env/group_reward_std": _mean(stds), "env/zero_var_group_frac": _mean(s == 0.0 for s in stds)}
 
 
+def _turn_row(s) -> dict:
+    row = {"observation": s.observation, "action": s.action_text, "reward": s.reward}
+    if s.judge is not None:  # process rewards (reward.process): the verdict and the reward it added
+        row.update(judge=s.judge, process_reward=s.process_reward)
+    return row
+
+
 def sample_rows(episodes: list[Episode], n: int) -> list[dict]:
     """The first `n` episodes as JSON rows for samples.jsonl."""
     return [
@@ -75,7 +82,7 @@ def sample_rows(episodes: list[Episode], n: int) -> list[dict]:
             "group": ep.group,
             "won": ep.won,
             "return": ep.outcome,
-            "turns": [{"observation": s.observation, "action": s.action_text, "reward": s.reward} for s in ep.steps],
+            "turns": [_turn_row(s) for s in ep.steps],
         }
         for ep in episodes[:n]
     ]

@@ -290,7 +290,7 @@ def without_forced(batch: TrainBatch) -> TrainBatch:
 def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids) -> TrainBatch:
     N = len(episodes)
     K = max(max(ep.num_turns for ep in episodes), 1)
-    turn_rewards = _pad([[st.reward for st in ep.steps] for ep in episodes], 0.0, torch.float32)
+    turn_rewards = _pad([[st.train_reward for st in ep.steps] for ep in episodes], 0.0, torch.float32)
     turn_mask = _pad([[1] * ep.num_turns for ep in episodes], 0, LONG)
     anchor = _pad([[state_id(st.state_key) for st in ep.steps] for ep in episodes], 0, LONG)
     ids = rows["ids"]
@@ -312,7 +312,7 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         ),
         stream_mask=_pad([s.action for s in streams], 0, torch.float32)[:, :Ts],
         stream_turn=_pad([s.turn for s in streams], -1, LONG)[:, :Ts],
-        rewards=torch.tensor([ep.outcome for ep in episodes], dtype=torch.float32),
+        rewards=torch.tensor([ep.train_return for ep in episodes], dtype=torch.float32),
         turn_rewards=turn_rewards[:, :K],
         turn_mask=turn_mask[:, :K],
         anchor=anchor[:, :K],

@@ -471,12 +471,13 @@ def _record(
             unconstrained_logprobs=out.raw_logprobs[i],
             allowed_ids=out.allowed[i] if out.allowed else None,
             member=out.members[i] if out.members else 0,
+            score_before=None if p.info.get("score") is None else float(p.info["score"]),
         )
     )
     p.actions.append(out.ids[i])
     if done or truncated:
         ep.won, ep.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))
-        ep.truncated, ep.env_error = truncated, err
+        ep.truncated, ep.env_error, ep.final_observation = truncated, err, res.observation
         return True
     p.obs, p.info = res.observation, res.info
     return False

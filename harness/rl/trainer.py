@@ -34,6 +34,7 @@ from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.concurrent import ConcurrentRollout, rollout_metrics
+from harness.rl.judge import build_judge, judge_episodes, process_metrics
 from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import CrossPolicy, collect, turn_budget_at
 from harness.rl.sampler_copy import SamplerModel, StalePool
@@ -77,6 +78,8 @@ class Trainer:
         self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype, cfg.rollout.staleness)
         xp = cfg.rollout.cross_policy  # cross-policy sampling: the pool's stale members
         self.pool = StalePool(self.policy.model, cfg.rollout.sampler_dtype, xp.members, xp.refresh_every)
+        self.judge = build_judge(cfg, self.policy)  # reward.process (None when off)
+        self._judge_s = 0.0  # seconds the judge took in this update (timings.jsonl)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -154,6 +157,10 @@ class Trainer:
                 first_group=round_ * c.rollout.tasks_per_update,
                 cross=self._cross(update, round_),
             )
+            if self.judge is not None:  # process rewards before the filter: it sees the rewards the trainer sees
+                t_judge = time.time()
+                judge_episodes(self.judge, eps, c, (update, round_))
+                self._judge_s += time.time() - t_judge  # a wall time: timings.jsonl, not metrics
             all_eps += eps
             keep, st = self._filter(eps)
             if round_ == 0:
@@ -174,7 +181,7 @@ class Trainer:
 
     def _filter(self, eps: list[Episode]) -> tuple[list[bool], dict[str, float]]:
         f = self.cfg.algo.filter
-        rewards = torch.tensor([e.outcome for e in eps], dtype=torch.float32)
+        rewards = torch.tensor([e.train_return for e in eps], dtype=torch.float32)
         group = torch.tensor([e.group for e in eps])
         try:
             res = GROUP_FILTER.get(f.name)(rewards, group, axis_params(FilterParams, f))
@@ -319,6 +326,8 @@ class Trainer:
             "perf/episodes": float(len(all_eps)),
             "perf/rollout_tokens": float(sum(len(s.action_ids) for e in all_eps for s in e.steps)),
         }
+        if self.judge is not None:
+            metrics.update(process_metrics(all_eps))
         if c.rollout.cross_policy.members:  # share of the turns a stale member generated
             turns = [s.member for e in all_eps for s in e.steps]
             metrics["rollout/stale_turn_frac"] = sum(m > 0 for m in turns) / max(len(turns), 1)
@@ -339,7 +348,10 @@ class Trainer:
         metrics["perf/train_tokens"] = float(batch.attention_mask.sum())
         # wall times vary between identical runs: they go to timings.jsonl, so that
         # metrics.jsonl stays bit-identical for the same config and seed
-        self.logger.log_timings(update, {"rollout_s": t_roll, "update_s": time.time() - t0})
+        seconds = {"rollout_s": t_roll, "update_s": time.time() - t0}
+        if self.judge is not None:  # included in rollout_s
+            seconds["judge_s"], self._judge_s = self._judge_s, 0.0
+        self.logger.log_timings(update, seconds)
         return metrics
 
     def _mi(self, eps: list[Episode]) -> dict[str, float]:

@@ -36,6 +36,15 @@ class StepRecord:
     # cross-policy sampling (rollout.cross_policy): the pool member that generated this action
     # (0 = the current policy; sampler_logprobs are that member's)
     member: int = 0
+    score_before: float | None = None  # the environment's progress score before the action (the rule judge)
+    # process rewards (reward.process, harness.rl.judge): the judge's verdict row and the reward it adds
+    judge: dict[str, Any] | None = None
+    process_reward: float = 0.0
+
+    @property
+    def train_reward(self) -> float:
+        """The reward the trainer sees: the environment's plus the process reward (when there is one)."""
+        return self.reward + self.process_reward if self.process_reward else self.reward
 
 
 @dataclass
@@ -49,11 +58,17 @@ class Episode:
     env_error: str | None = None
     score: float = 0.0
     turn_budget: int = 0  # turn budget the episode ran under (curriculum), 0 = unknown
+    final_observation: str | None = None  # what the environment showed after the last action
 
     @property
     def outcome(self) -> float:
         """Trajectory return R_i: the sum of per-turn rewards (penalties included)."""
         return float(sum(s.reward for s in self.steps))
+
+    @property
+    def train_return(self) -> float:
+        """The return the trainer sees (group filters, advantages): `outcome` plus process rewards."""
+        return float(sum(s.train_reward for s in self.steps))
 
     @property
     def num_turns(self) -> int:
