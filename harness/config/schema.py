@@ -286,6 +286,31 @@ class ObsSftConfig(Strict):
     )
 
 
+class DistillConfig(Strict):
+    """On-policy distillation, with or without hindsight hints (docs/algorithms.md section 14)."""
+
+    coef: float = F(
+        0.0,
+        "Weight of the distillation advantage teacher log-prob - behaviour log-prob (detached, per action "
+        "token, neither normalised nor clipped) added to the RL advantage; 0 = off (OpenClaw-RL combined: 1).",
+        ge=0,
+        le=1e3,
+    )
+    rl_coef: float = F(1.0, "Weight of the RL advantage in the sum (0 = distillation only).", ge=0, le=1e3)
+    teacher: Literal["reference", "policy", "judge"] = F(
+        "reference",
+        "Whose log-probs teach: reference = the frozen starting policy (adapter off); policy = the live policy "
+        "at the start of the update (with hints: self-distillation); judge = the model judge's own model "
+        "(reward.judge.model; the reference when that is null).",
+    )
+    hint: Literal["hindsight", "none"] = F(
+        "hindsight",
+        "hindsight: the judge's hint about the step, read from the next state, is added to the teacher's "
+        "context (OpenClaw-RL's directive signal; turns without a hint leave the term); none: plain "
+        "on-policy distillation (Thinking Machines), every action token.",
+    )
+
+
 class CorrectionConfig(Strict):
     name: str = F(
         "none",
@@ -367,6 +392,7 @@ class AlgoConfig(Strict):
         CorrectionConfig(), "Off-policy correction between the sampler's and the behaviour log-probs."
     )
     obs_sft: ObsSftConfig = F(ObsSftConfig(), "Observation SFT (ECHO): cross-entropy on observation tokens.")
+    distill: DistillConfig = F(DistillConfig(), "On-policy distillation (hindsight hints or none).")
     forced_tokens: Literal["count", "drop"] = F(
         "count",
         "Constrained decoding: tokens that were the only admissible continuation have log-prob 0 and no "
@@ -565,6 +591,22 @@ class RunConfig(Strict):
                 "one token stream per trajectory)"
             )
         check_norm_compatible(a.adv.estimator, a.adv.norm)
+        d = a.distill
+        if d.coef > 0 and d.teacher == "policy" and d.hint == "none":
+            raise ValueError(
+                "algo.distill.teacher 'policy' with algo.distill.hint 'none': the teacher would be the behaviour "
+                "policy itself (a zero advantage); use hint: hindsight or teacher: reference / judge"
+            )
+        if d.coef > 0 and self.rollout.constrain:
+            raise ValueError(
+                "algo.distill.coef > 0 with rollout.constrain: true: the teacher's log-probs are taken over the "
+                "whole vocabulary, the behaviour's over the admissible set; set rollout.constrain: false"
+            )
+        if d.coef > 0 and self.rollout.concurrent:
+            raise ValueError(
+                "algo.distill.coef > 0 with rollout.concurrent: true: the teacher runs in the learner's loop; "
+                "set rollout.concurrent: false"
+            )
         if self.reward.process != "none" and self.rollout.concurrent:
             raise ValueError(
                 f"reward.process {self.reward.process!r} with rollout.concurrent: true: the judge runs in the "

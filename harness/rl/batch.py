@@ -120,6 +120,10 @@ class TrainBatch:
     # (B, T) float: the observation tokens observation SFT trains on (`algo.obs_sft`): segments after
     # the prompt, each once, not those following a format error; None in hand-made batches
     obs_mask: torch.Tensor | None = None
+    # (N, Ts) on-policy distillation (`algo.distill`, harness.rl.distill): the teacher's log-probs of the
+    # distilled action tokens and their mask; None when distillation is off
+    teacher_logp: torch.Tensor | None = None
+    distill_mask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

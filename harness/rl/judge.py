@@ -36,9 +36,10 @@ from harness.transcript.records import Episode
 JUDGE_INSTRUCTIONS = (
     "You judge one step of an agent. Read the state, the agent's action and the next state. "
     "Answer +1 if the action made progress toward the goal, -1 if it did not or caused an error, "
-    "0 if you cannot tell."
+    "0 if you cannot tell. Then, optionally, write Hint: and what the agent should have known."
 )
 VOTE = re.compile(r"[+-]1|0")
+HINT = re.compile(r"Hint:\s*(.+)", re.DOTALL)
 JUDGE_STREAM_SALT = 0x10D6_E5A1  # keeps the judge's sampling streams apart from every other stream
 
 
@@ -60,11 +61,14 @@ class Verdict:
     votes: list[int]
     answers: list[str] = field(default_factory=list)  # model judge: the raw answers
     prompt: str | None = None  # model judge: the prompt text
+    hint: str | None = None  # hindsight hint for on-policy distillation (algo.distill), None = no usable hint
 
     def row(self) -> dict:
         out: dict = {"vote": self.vote, "votes": self.votes}
         if self.prompt is not None:
             out.update(prompt=self.prompt, answers=self.answers)
+        if self.hint is not None:
+            out["hint"] = self.hint
         return out
 
 
@@ -79,6 +83,24 @@ def majority(votes: list[int]) -> int:
 def parse_vote(text: str) -> int:
     m = VOTE.search(text)
     return int(m.group()) if m else 0
+
+
+def parse_hint(text: str) -> str | None:
+    m = HINT.search(text)
+    hint = " ".join(m.group(1).split()) if m else ""
+    return hint or None
+
+
+def rule_hint(vote: int, action: str, format_error: bool) -> str | None:
+    """What the rule judge knows in hindsight about a step, as a sentence for the teacher's context;
+    None for a step that changed nothing (no information: the step leaves the distillation term)."""
+    if format_error:
+        return f"'{action}' is not a valid action here."
+    if vote > 0:
+        return f"the action '{action}' brings you closer to the goal."
+    if vote < 0:
+        return f"the action '{action}' takes you away from the goal."
+    return None
 
 
 def episode_steps(ep: Episode) -> list[Step]:
@@ -111,7 +133,7 @@ class RuleJudge:
             else:
                 d = s.score_after - s.score_before
                 v = 1 if d > 1e-12 else -1 if d < -1e-12 else 0
-            out.append(Verdict(v, [v] * self.m))
+            out.append(Verdict(v, [v] * self.m, hint=rule_hint(v, s.action, s.format_error)))
         return out
 
 
@@ -121,8 +143,11 @@ class ModelJudge:
 
     name = "model"
 
-    def __init__(self, cfg: JudgeConfig, frozen: Callable[[], AbstractContextManager], chat, seed: int):
+    def __init__(
+        self, cfg: JudgeConfig, frozen: Callable[[], AbstractContextManager], chat, seed: int, own_model: bool = False
+    ):
         self.cfg, self.frozen, self.chat, self.seed = cfg, frozen, chat, seed
+        self.own_model = own_model  # a model of its own (reward.judge.model), not the policy's reference
 
     def prompt_text(self, s: Step) -> str:
         nxt = s.next_state if s.next_state is not None else "(the episode ended)"
@@ -167,7 +192,10 @@ class ModelJudge:
         for k, text in enumerate(texts):
             mine = answers[k * m : (k + 1) * m]
             votes = [parse_vote(a) for a in mine]
-            verdicts.append(Verdict(majority(votes), votes, mine, text))
+            vote = majority(votes)
+            # OpenClaw-RL keeps the longest hint among the answers that agree with the verdict
+            hints = [h for a, v in zip(mine, votes) if v == vote and (h := parse_hint(a))]
+            verdicts.append(Verdict(vote, votes, mine, text, max(hints, key=len) if hints else None))
         return verdicts
 
 
@@ -189,10 +217,11 @@ def judge_episodes(judge, episodes: list[Episode], cfg: RunConfig, key: tuple[in
         steps += s
     verdicts = judge(steps, key)
     r = cfg.reward
+    on = r.process == "judge"  # otherwise the judge runs for its hints only (algo.distill)
     for ep, (a, b) in zip(episodes, spans):
         mine = verdicts[a:b]
         for st, v, bonus in zip(ep.steps, mine, process_bonus([v.vote for v in mine], r.weight, r.form)):
-            st.judge, st.process_reward = v.row(), bonus
+            st.judge, st.process_reward = v.row(), (bonus if on else 0.0)
 
 
 def process_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -212,7 +241,9 @@ def build_judge(cfg: RunConfig, policy):
     policy's frozen starting point (its reference: base + SFT warm-up, adapter off) unless
     `reward.judge.model` names one, loaded frozen in the policy's dtype on its device, with its own
     tokenizer and turn format."""
-    if cfg.reward.process == "none":
+    d = cfg.algo.distill
+    hints = d.coef > 0 and d.hint == "hindsight"
+    if cfg.reward.process == "none" and not hints:
         return None
     j = cfg.reward.judge
     if j.kind == "rule":
@@ -230,4 +261,13 @@ def build_judge(cfg: RunConfig, policy):
         with torch.no_grad():
             yield model
 
-    return ModelJudge(j, frozen, chat_format(tok, j.model), cfg.train.seed)
+    d = cfg.algo.distill
+    if d.coef > 0 and d.teacher == "judge" and tok.get_vocab() != policy.chat.tokenizer.get_vocab():
+        from harness.config.errors import ConfigError
+
+        raise ConfigError(
+            f"algo.distill.teacher 'judge' with reward.judge.model {j.model!r}: its tokenizer differs from the "
+            f"policy's, so it cannot score the policy's tokens; use a judge of the policy's family or "
+            f"algo.distill.teacher: reference"
+        )
+    return ModelJudge(j, frozen, chat_format(tok, j.model), cfg.train.seed, own_model=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from harness.rl import evaluate as evaluation
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.concurrent import ConcurrentRollout, rollout_metrics
+from harness.rl.distill import teacher_model, teacher_stream
 from harness.rl.judge import build_judge, judge_episodes, process_metrics
 from harness.rl.preflight import check_fits_env
 from harness.rl.rollout import CrossPolicy, collect, turn_budget_at
@@ -80,6 +82,7 @@ class Trainer:
         self.pool = StalePool(self.policy.model, cfg.rollout.sampler_dtype, xp.members, xp.refresh_every)
         self.judge = build_judge(cfg, self.policy)  # reward.process (None when off)
         self._judge_s = 0.0  # seconds the judge took in this update (timings.jsonl)
+        self.teacher = teacher_model(cfg, self.policy, self.judge)  # algo.distill (used when coef > 0)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -338,6 +341,9 @@ class Trainer:
             metrics["train/skipped_empty"] = 1.0
             return metrics
         batch = self.training_batch(kept)
+        if c.algo.distill.coef > 0:  # the teacher's log-probs, with the judge's hints (algo.distill)
+            teacher = teacher_stream(self.teacher, self.policy.chat, kept, c, batch.stream_mask.shape[1])
+            batch = replace(batch, teacher_logp=teacher.logp, distill_mask=teacher.mask)
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
         metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
             [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps]

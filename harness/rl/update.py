@@ -23,6 +23,7 @@ from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
 from harness.rl.batch import TrainBatch, pack_by_tokens
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
+from harness.rl.distill import distill_gap
 from harness.rl.losses import Denominators, loss_terms, policy_forward
 from harness.rl.mismatch import Correction, batch_correction, mismatch_diagnostics
 
@@ -207,6 +208,14 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
     a = cfg.algo
     fwd = behaviour_forward(policy, batch, cfg)  # eval mode
     adv, returns = advantages(batch, fwd, cfg)
+    distilled = None
+    if a.distill.coef > 0 and batch.teacher_logp is not None:  # algo.distill: after normalisation, unclipped
+        gap, dmask = distill_gap(batch, fwd.old_logp)
+        adv = a.distill.rl_coef * adv + a.distill.coef * gap
+        distilled = {
+            "distill/gap_mean": masked_mean(gap, dmask) if dmask.sum() > 0 else torch.tensor(0.0),
+            "distill/token_frac": dmask.sum() / batch.action_mask.sum().clamp(min=1),
+        }
     corr = batch_correction(batch, fwd.old_logp, cfg)  # depends on rollout and behaviour log-probs only
     sums: dict[str, list[torch.Tensor]] = {}
     steps = 0
@@ -227,6 +236,8 @@ def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: 
         k: torch.stack(v).sum() / steps if k.startswith("loss/") else torch.stack(v).nanmean() for k, v in sums.items()
     }
     reduced.update(_update_diagnostics(batch, fwd, adv))
+    if distilled is not None:
+        reduced.update(distilled)
     reduced.update(mismatch_diagnostics(batch, fwd.old_logp, corr, cfg))
     names = list(reduced)
     values = torch.stack([reduced[k].float() for k in names]).tolist()  # one sync point
