@@ -1,5 +1,5 @@
 """Properties every reference environment keeps: determinism, expert, splits, format errors,
-info keys, reward densities, option validation (frozenlake, sokoban, tooluse)."""
+info keys, reward densities, option validation (frozenlake, sokoban, tooluse, tir)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import envs
 from envs.base import INFO_KEYS, INVALID_PREFIX, parse_choice, unwrap_answer
 from envs.demos import expert_episodes, expert_solve_rate
 
-NAMES = ["frozenlake", "sokoban", "tooluse"]
+NAMES = ["frozenlake", "sokoban", "tooluse", "tir"]
 MALFORMED = [
     "",
     "   ",
@@ -34,6 +34,7 @@ def random_actions(env, rng: random.Random, n: int) -> list[str]:
         "frozenlake": ["up", "down", "left", "right"],
         "sokoban": ["up", "down", "left", "right"],
         "tooluse": ['get_city("Ann")', 'get_key("n")', 'set_key("out", 3)', 'upper("a")'],
+        "tir": ["```python\nprint(2 + 2)\n```", "\\boxed{4}", "```python\nprint(1 / 0)\n```"],
     }
     return [rng.choice(["expert", "expert", "bad", *pool[env.name]]) for _ in range(n)]
 
@@ -117,7 +118,8 @@ def test_info_keys_and_reward_densities(name):
 def test_options_are_validated_with_clear_errors(name):
     with pytest.raises(ValueError, match="invalid env.options for env") as e:
         envs.make_env(name, {"no_such_option": 1})
-    assert "action_format" in str(e.value)
+    assert "no_such_option" in str(e.value)
+    assert all(field in str(e.value) for field in envs.ENVS.get(name).Options.model_fields)  # the valid ones
     with pytest.raises(ValueError, match="reward_density"):
         envs.make_env(name, reward_density="medium")
 
@@ -147,7 +149,7 @@ def test_registry_lists_every_env_with_options():
     for name in NAMES:
         assert rows[name]["doc"] and rows[name]["source"]
         assert all(o["description"] for o in rows[name]["options"])
-        assert "action_format" in {o["name"] for o in rows[name]["options"]}
+        assert {o["name"] for o in rows[name]["options"]} == set(envs.ENVS.get(name).Options.model_fields)
     assert set(envs.load_all()) >= {"frozenlake_env", "sokoban_env", "tooluse_env"}
     with pytest.raises(KeyError, match="frozenlake"):
         envs.make_env("frozen_lake")
@@ -174,5 +176,6 @@ def test_instances_share_no_state(name):
     a, b = envs.make_env(name), envs.make_env(name)
     a.reset(10), b.reset(10)
     for text in plan[:3]:
-        a.step(text if text not in ("expert", "bad") else "bad")
+        if a.step(text if text not in ("expert", "bad") else "bad").done:
+            break
     assert play(b, 10, plan) == alone
