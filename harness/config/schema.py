@@ -562,6 +562,19 @@ class RewardConfig(Strict):
     judge: JudgeConfig = F(JudgeConfig(), "The step judge.")
 
 
+class ACTConfig(Strict):
+    """ACT, agentic critical training (docs/algorithms.md section 15)."""
+
+    mode: Literal["none", "stage", "mixed"] = F(
+        "none",
+        "none: off; stage: the first act.updates updates train the critic task (which of the expert's and a "
+        "sampled action is better), the rest RL; mixed: every update gives a share act.mix of its groups to "
+        "the critic task. Both keep the episodes of an RL-only run (equal compute).",
+    )
+    updates: int = F(5, "stage: updates spent on the critic task before RL.", ge=1, le=MAX_COUNT)
+    mix: float = F(0.25, "mixed: share of each update's groups (tasks) that are critic questions.", gt=0, lt=1)
+
+
 class RunConfig(Strict):
     model: ModelConfig = F(ModelConfig(), "Policy model.")
     env: EnvConfig = F(EnvConfig(), "Environment.")
@@ -573,6 +586,7 @@ class RunConfig(Strict):
     train: TrainConfig = F(TrainConfig(), "Training loop.")
     tracking: TrackingConfig = F(TrackingConfig(), "Logging.")
     reward: RewardConfig = F(RewardConfig(), "Process rewards from a step judge (off by default).")
+    act: ACTConfig = F(ACTConfig(), "ACT: critic training on expert-vs-sampled action pairs (off by default).")
 
     @model_validator(mode="after")
     def _conflicts(self) -> RunConfig:
@@ -607,6 +621,22 @@ class RunConfig(Strict):
                 "algo.distill.coef > 0 with rollout.concurrent: true: the teacher runs in the learner's loop; "
                 "set rollout.concurrent: false"
             )
+        act = self.act
+        if act.mode == "stage" and act.updates >= self.train.updates:
+            raise ValueError(
+                f"act.updates = {act.updates} with train.updates = {self.train.updates}: the ACT stage must leave "
+                f"at least one RL update; lower act.updates or raise train.updates"
+            )
+        if (
+            act.mode == "mixed"
+            and max(1, round(act.mix * self.rollout.tasks_per_update)) >= self.rollout.tasks_per_update
+        ):
+            raise ValueError(
+                f"act.mix = {act.mix} with rollout.tasks_per_update = {self.rollout.tasks_per_update}: no RL task "
+                f"would be left in an update; lower act.mix or raise rollout.tasks_per_update"
+            )
+        if act.mode != "none" and self.rollout.concurrent:
+            raise ValueError("act.mode with rollout.concurrent: true: ACT questions are built in the learner's loop")
         if self.reward.process != "none" and self.rollout.concurrent:
             raise ValueError(
                 f"reward.process {self.reward.process!r} with rollout.concurrent: true: the judge runs in the "

@@ -32,6 +32,15 @@ from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
+from harness.rl.act import (
+    ACT_GROUP_BASE,
+    ACT_INSTRUCTIONS,
+    ACT_SALT,
+    QuestionVenv,
+    act_questions,
+    build_questions,
+    is_act,
+)
 from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.concurrent import ConcurrentRollout, rollout_metrics
@@ -83,6 +92,7 @@ class Trainer:
         self.judge = build_judge(cfg, self.policy)  # reward.process (None when off)
         self._judge_s = 0.0  # seconds the judge took in this update (timings.jsonl)
         self.teacher = teacher_model(cfg, self.policy, self.judge)  # algo.distill (used when coef > 0)
+        self.act_questions = act_questions(cfg)  # ACT questions per update in act.mode mixed (else 0)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
         self.markers = type(self.env).observation_markers
@@ -150,9 +160,10 @@ class Trainer:
         kept: list[Episode] = []
         stats: dict[str, float] = {}
         all_eps: list[Episode] = []
+        rl_tasks = c.rollout.tasks_per_update - self.act_questions  # act.mode mixed: ACT takes the rest
         for round_ in range(1 + c.algo.filter.max_extra_rounds):
             eps = self._rollout(
-                self._train_tasks(update, round_),
+                self._train_tasks(update, round_)[:rl_tasks],
                 G,
                 greedy=False,
                 budget=budget,
@@ -169,10 +180,10 @@ class Trainer:
             if round_ == 0:
                 stats = st
             kept += [e for e, k in zip(eps, keep) if k]
-            if len(kept) >= c.rollout.tasks_per_update * G:
+            if len(kept) >= rl_tasks * G:
                 break
         stats["filter/rounds"] = float(round_ + 1)
-        return kept[: c.rollout.tasks_per_update * G], all_eps, stats
+        return kept[: rl_tasks * G], all_eps, stats
 
     def _cross(self, update: int, round_: int) -> CrossPolicy | None:
         """Cross-policy sampling of this rollout round (None when rollout.cross_policy is off)."""
@@ -296,7 +307,9 @@ class Trainer:
             concatenated=c.context.resolved_layout == "concatenated",
             mask_observations=c.context.mask_observations,
             pad_id=self.policy.chat.pad_id,
-            task_ids=[state_id(f"{c.env.name}/{self.env.task_type(e.task_seed)}") for e in episodes],
+            task_ids=[
+                state_id(f"{c.env.name}/{'act' if is_act(e) else self.env.task_type(e.task_seed)}") for e in episodes
+            ],
             env_ids=[state_id(c.env.name)] * len(episodes),
             drop_forced=c.algo.forced_tokens == "drop",
             drop_stale=c.rollout.cross_policy.members > 0 and c.rollout.cross_policy.train_on == "current",
@@ -312,29 +325,65 @@ class Trainer:
         t0 = time.time()
         self.sampler.record()  # the weights this update starts from (rollout.staleness)
         self.pool.record(update)  # rollout.cross_policy
+        act = self.cfg.act
+        if act.mode == "stage" and update <= act.updates:  # an ACT update instead of an RL one
+            act_eps, act_stats = self._act_rollout(update, self.cfg.rollout.tasks_per_update)
+            return self._learn(update, budget, [], [], act_stats, time.time() - t0, act_eps)
         kept, all_eps, fstats = self._filtered_rollout(update, budget)
-        return self._learn(update, budget, kept, all_eps, fstats, time.time() - t0)
+        act_eps: list[Episode] = []
+        if self.act_questions:  # act.mode mixed
+            act_eps, act_stats = self._act_rollout(update, self.act_questions)
+            fstats = {**fstats, **act_stats}
+        return self._learn(update, budget, kept, all_eps, fstats, time.time() - t0, act_eps)
 
-    def _learn(self, update: int, budget: int, kept, all_eps, fstats, t_roll: float) -> dict[str, float]:
+    def _act_rollout(self, update: int, n: int) -> tuple[list[Episode], dict[str, float]]:
+        """ACT questions of `update` (harness.rl.act) answered `group_size` times each by the policy."""
+        c, G = self.cfg, self.cfg.rollout.group_size
+        model = self.sampler.model()
+        questions, stats = build_questions(c, model, self.policy.chat, update, n)
+        tasks = [(q, ACT_GROUP_BASE + q) for q in range(len(questions)) for _ in range(G)]
+        if not tasks:
+            return [], stats
+        eps = collect(
+            model,
+            self.policy.chat,
+            QuestionVenv(questions, len(tasks), c.env.format_penalty),
+            tasks,
+            c,
+            turn_budget=1,
+            greedy=False,
+            generator=_generator(c.train.seed, update, ACT_SALT),
+            instructions=ACT_INSTRUCTIONS,
+        )
+        return eps, stats
+
+    def _learn(
+        self, update: int, budget: int, kept, all_eps, fstats, t_roll: float, act_eps: list[Episode] | None = None
+    ) -> dict[str, float]:
         """Everything of an update after its rollout: metrics of the episodes, the training batch, the
-        update, diagnostics."""
+        update, diagnostics. `act_eps`: ACT answers trained with the RL episodes (their metrics act/*)."""
         c = self.cfg
         t0 = time.time()
+        act_eps = act_eps or []
+        trained = all_eps + act_eps
         metrics = {
-            **episode_metrics(all_eps, "env", self.markers),
-            **group_reward_stats(all_eps),
+            **(episode_metrics(all_eps, "env", self.markers) if all_eps else {}),
+            **(group_reward_stats(all_eps) if all_eps else {}),
             **fstats,
             "env/turn_budget": float(budget),
-            # training cost of this update (DAPO refills included), for compute-matched comparisons
-            "perf/episodes": float(len(all_eps)),
-            "perf/rollout_tokens": float(sum(len(s.action_ids) for e in all_eps for s in e.steps)),
+            # training cost of this update (DAPO refills and ACT answers included), for compute-matched comparisons
+            "perf/episodes": float(len(trained)),
+            "perf/rollout_tokens": float(sum(len(s.action_ids) for e in trained for s in e.steps)),
         }
+        if act_eps:
+            metrics.update(episode_metrics(act_eps, "act", ()))
+        kept = list(kept) + act_eps
         if self.judge is not None:
             metrics.update(process_metrics(all_eps))
         if c.rollout.cross_policy.members:  # share of the turns a stale member generated
             turns = [s.member for e in all_eps for s in e.steps]
             metrics["rollout/stale_turn_frac"] = sum(m > 0 for m in turns) / max(len(turns), 1)
-        self.logger.log_samples(update, sample_rows(all_eps, c.tracking.samples))
+        self.logger.log_samples(update, sample_rows(all_eps or act_eps, c.tracking.samples))
         # an environment error ends an episode early with a meaningless return: never train on it
         kept = [e for e in kept if e.steps and e.env_error is None]
         if not kept:
@@ -345,10 +394,11 @@ class Trainer:
             teacher = teacher_stream(self.teacher, self.policy.chat, kept, c, batch.stream_mask.shape[1])
             batch = replace(batch, teacher_logp=teacher.logp, distill_mask=teacher.mask)
         metrics.update(run_update(self.policy, self.optimizer, batch, c, _generator(c.train.seed, update, 99)))
-        metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
-            [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps]
-        )
-        if c.train.mi_every and update % c.train.mi_every == 0:
+        if all_eps:
+            metrics["diag/cross_prompt_similarity"] = cross_prompt_similarity(
+                [" ".join(s.action_text for s in e.steps) for e in all_eps], [e.task_seed for e in all_eps]
+            )
+        if c.train.mi_every and update % c.train.mi_every == 0 and all_eps:
             metrics.update(self._mi(all_eps))
         metrics["train/skipped_empty"] = 0.0
         metrics["perf/train_tokens"] = float(batch.attention_mask.sum())

@@ -1,0 +1,182 @@
+"""ACT, agentic critical training (`act`; docs/algorithms.md section 15).
+
+At expert states of training tasks, the expert's action and an action the policy samples there are
+shown in random order, and the policy answers which is better; the reward is 1 for the expert's
+(0 for the other, a format error otherwise). The answers are trained with the run's estimator
+(GRPO groups of `rollout.group_size` answers per question), in one of two schedules:
+- `stage`: the first `act.updates` updates are ACT updates, the rest RL, so the total number of
+  updates and episodes equals an RL-only run of `train.updates` (ACT's comparison is against equal
+  compute spent on RL);
+- `mixed`: every update spends a share `act.mix` of its groups on ACT questions and the rest on RL
+  tasks, again at the same episodes per update.
+
+A question is built from a train task seed: the expert plays k steps (k uniform over its episode),
+the state there is shown to the policy exactly as a first observation, one action is sampled at the
+rollout temperature. When the sampled action parses to the expert's (the pair would carry no
+signal; `act/degenerate_frac` logs the share), a random other admissible action takes its place
+where the environment lists them (`act/fallback_frac`), otherwise the state is skipped (three
+candidate states per question keep the count). Everything is seeded by (train.seed, update).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from envs import ENVS, make_env
+from envs.base import StepResult, unwrap_answer
+from harness.config.schema import RunConfig
+
+ACT_INSTRUCTIONS = "Two actions are proposed for the state shown. Answer A or B: which action is better?"
+ACT_SALT = 0xAC7
+ACT_GROUP_BASE = 1_000_000  # group ids of ACT questions, apart from the RL groups
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    correct: str  # "A" or "B"
+    expert: str
+    sampled: str
+
+
+def question_text(state: str, a: str, b: str) -> str:
+    return f"{state}\n\nWhich action is better here?\nA: {a}\nB: {b}\nAnswer A or B."
+
+
+class QuestionVenv:
+    """A vector env over ACT questions (the `collect` interface): task seed i plays question i; one
+    turn, reward 1 for the expert's letter."""
+
+    def __init__(self, questions: list[Question], slots: int, format_penalty: float = 0.0):
+        self.questions, self.n, self.format_penalty = questions, slots, format_penalty
+        self.current: list[int | None] = [None] * self.n
+
+    def _info(self, won: bool = False, format_error: bool = False) -> dict:
+        return {
+            "won": won,
+            "score": float(won),
+            "admissible": ["A", "B"],
+            "state_key": "",
+            "format_error": format_error,
+        }
+
+    def reset(self, seeds: list[int | None]) -> list:
+        out = []
+        for i, s in enumerate(seeds):
+            self.current[i] = s
+            out.append(None if s is None else (self.questions[s].text, self._info()))
+        return out
+
+    def step(self, actions: list[str | None]) -> list[StepResult | None]:
+        out = []
+        for i, text in enumerate(actions):
+            q = None if text is None or self.current[i] is None else self.questions[self.current[i]]
+            if q is None:
+                out.append(None)
+                continue
+            answer = unwrap_answer(text).strip().upper()
+            if answer not in ("A", "B"):
+                out.append(
+                    StepResult("Invalid action: answer A or B.", -self.format_penalty, True, self._info(False, True))
+                )
+                continue
+            won = answer == q.correct
+            out.append(StepResult("Correct." if won else "Wrong.", 1.0 if won else 0.0, True, self._info(won)))
+            self.current[i] = None
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _expert_states(cfg: RunConfig, seeds: list[int], rng: np.random.Generator) -> list[tuple]:
+    """(instructions, state observation, expert action, admissible actions or None) at a uniformly drawn
+    step of each seed's expert episode."""
+    out = []
+    for seed in seeds:
+        env = make_env(cfg.env.name, cfg.env.options)
+        try:
+            obs, _ = env.reset(seed)
+            trace = []
+            done = False
+            while not done and len(trace) < cfg.turns.max:
+                a = env.expert_action()
+                trace.append((obs, a, env.admissible()))
+                res = env.step(a)
+                obs, done = res.observation, res.done
+            if trace:
+                state, action, admissible = trace[int(rng.integers(len(trace)))]
+                out.append((env.instructions, state, action, admissible))
+        finally:
+            env.close()
+    return out
+
+
+def same_action(env, a: str, b: str) -> bool:
+    pa, pb = env.parse_action(a), env.parse_action(b)
+    return not pa.format_error and not pb.format_error and pa.action == pb.action
+
+
+@torch.no_grad()
+def build_questions(cfg: RunConfig, model, chat, update: int, n: int) -> tuple[list[Question], dict[str, float]]:
+    """`n` questions for `update` (fewer only when every candidate state is degenerate) and act/* stats."""
+    from harness.rl.rollout import KVBatch, generate_turn
+
+    rng = np.random.default_rng([cfg.train.seed, update, ACT_SALT])
+    candidates = 3 * n
+    start = (update * 3 + 1) * candidates  # train seeds apart from the RL tasks' blocks of early updates
+    seeds = ENVS.get(cfg.env.name).task_seeds("train", start + candidates, cfg.env.options)[start:]
+    states = _expert_states(cfg, seeds, rng)
+    rows = [chat.prompt(instr, state) for instr, state, _, _ in states]
+    gens = [torch.Generator().manual_seed(int(x)) for x in rng.integers(0, 2**31 - 1, size=len(rows))]
+    was_training = model.training
+    model.eval()
+    kv = KVBatch(model, chat.pad_id)
+    kv.reset(len(rows))
+    out = generate_turn(
+        kv,
+        rows,
+        None,
+        eot_id=chat.eot_id,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        greedy=False,
+        generator=gens,
+    )
+    model.train(was_training)
+    env = make_env(cfg.env.name, cfg.env.options)
+    questions, degenerate, fallback = [], 0, 0
+    for (_, state, expert, admissible), ids in zip(states, out.ids):
+        sampled = chat.decode_action(ids).strip()
+        if same_action(env, sampled, expert):
+            degenerate += 1
+            others = [a for a in admissible or [] if not same_action(env, a, expert)]
+            if not others:
+                continue  # no other action to pit against the expert's: the state is skipped
+            sampled = others[int(rng.integers(len(others)))]  # a random other admissible action instead
+            fallback += len(questions) < n
+        if len(questions) < n:
+            expert_first = bool(rng.integers(2))
+            a, b = (expert, sampled) if expert_first else (sampled, expert)
+            questions.append(Question(question_text(state, a, b), "A" if expert_first else "B", expert, sampled))
+    env.close()
+    return questions, {
+        "act/degenerate_frac": degenerate / max(len(states), 1),
+        "act/fallback_frac": fallback / max(len(questions), 1),
+        "act/questions": float(len(questions)),
+    }
+
+
+def act_questions(cfg: RunConfig) -> int:
+    """ACT questions per update in `act.mode: mixed` (a share of the update's groups), else 0."""
+    if cfg.act.mode != "mixed":
+        return 0
+    return max(1, round(cfg.act.mix * cfg.rollout.tasks_per_update))
+
+
+def is_act(episode) -> bool:
+    return episode.instructions == ACT_INSTRUCTIONS

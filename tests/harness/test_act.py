@@ -1,0 +1,80 @@
+"""ACT, agentic critical training (`act`, harness.rl.act; docs/algorithms.md section 15): the questions
+(expert vs sampled action at expert states, random order, degenerate pairs skipped), the reward, and
+both schedules end to end in the trainer with the same episodes per update as RL only. Off by
+default (the baseline record of test_mismatch.py is unchanged)."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs import make_env
+from harness.config.schema import RunConfig
+from harness.rl.act import QuestionVenv, build_questions, same_action
+from tests.harness import baseline_run
+from tests.harness.test_invariance import Env, _merge
+from tests.harness.test_update import cfg_of
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    shared = Env(tmp_path_factory.mktemp("runs"))
+    yield shared
+    for t in shared.trainers.values():
+        t.close()
+
+
+def test_questions_pair_the_expert_with_a_sampled_action(env):
+    cfg = cfg_of()
+    t = env.trainer(cfg)
+    questions, stats = build_questions(cfg, t.policy.model, t.policy.chat, update=3, n=6)
+    again, _ = build_questions(cfg, t.policy.model, t.policy.chat, update=3, n=6)
+    assert questions == again  # seeded by (train.seed, update)
+    assert 0 < len(questions) <= 6 and stats["act/questions"] == len(questions)
+    fl = make_env("frozenlake")
+    for q in questions:
+        assert not same_action(fl, q.expert, q.sampled)
+        a, b = q.text.split("\nA: ")[1].split("\nB: ")
+        b = b.split("\n")[0]
+        assert (a, b) == ((q.expert, q.sampled) if q.correct == "A" else (q.sampled, q.expert))
+    assert {q.correct for q in build_questions(cfg, t.policy.model, t.policy.chat, update=4, n=6)[0] + questions} == {
+        "A",
+        "B",
+    }
+
+
+def test_the_question_env_rewards_the_expert_letter():
+    from harness.rl.act import Question
+
+    qs = [Question("s", "B", "up", "down")]
+    venv = QuestionVenv(qs, 3)
+    assert [r[0] for r in venv.reset([0, 0, 0])] == ["s"] * 3
+    out = venv.step(["B", "A", "maybe"])
+    assert [r.reward for r in out] == [1.0, 0.0, -0.0] and all(r.done for r in out)
+    assert out[2].info["format_error"] and not out[0].info["format_error"]
+
+
+QUICK = _merge(baseline_run.CONFIG, {"train": {"updates": 3, "eval_every": 0, "mi_every": 0, "eval_episodes": 1}})
+
+
+@pytest.mark.parametrize(
+    "act", [{"mode": "stage", "updates": 1}, {"mode": "mixed", "mix": 0.5}], ids=["stage", "mixed"]
+)
+def test_end_to_end_at_equal_episodes(tmp_path, act):
+    rows = [r for r in baseline_run.run(tmp_path / "on", _merge(QUICK, {"act": act})) if "loss/total" in r]
+    plain = [r for r in baseline_run.run(tmp_path / "off", QUICK) if "loss/total" in r]
+    assert [r["perf/episodes"] for r in rows] == [r["perf/episodes"] for r in plain]  # equal compute
+    if act["mode"] == "stage":
+        assert "act/success" in rows[0] and "env/success" not in rows[0]  # update 1 is an ACT update
+        assert all("env/success" in r and "act/success" not in r for r in rows[1:])
+    else:
+        assert all("act/success" in r and "env/success" in r for r in rows)
+
+
+def test_refusals():
+    for bad, words in (
+        ({"act": {"mode": "stage", "updates": 10}, "train": {"updates": 10}}, "at least one RL update"),
+        ({"act": {"mode": "mixed", "mix": 0.9}, "rollout": {"tasks_per_update": 2}}, "no RL task"),
+        ({"act": {"mode": "mixed"}, "rollout": {"concurrent": True}}, "rollout.concurrent"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            RunConfig.model_validate(bad)
