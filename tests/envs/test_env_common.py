@@ -1,5 +1,5 @@
 """Properties every reference environment keeps: determinism, expert, splits, format errors,
-info keys, reward densities, option validation (frozenlake, sokoban, tooluse, tir)."""
+info keys, reward densities, option validation (frozenlake, sokoban, tooluse, tir, user)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import envs
 from envs.base import INFO_KEYS, INVALID_PREFIX, parse_choice, unwrap_answer
 from envs.demos import expert_episodes, expert_solve_rate
 
-NAMES = ["frozenlake", "sokoban", "tooluse", "tir"]
+NAMES = ["frozenlake", "sokoban", "tooluse", "tir", "user"]
 MALFORMED = [
     "",
     "   ",
@@ -34,6 +34,7 @@ def random_actions(env, rng: random.Random, n: int) -> list[str]:
         "frozenlake": ["up", "down", "left", "right"],
         "sokoban": ["up", "down", "left", "right"],
         "tooluse": ['get_city("Ann")', 'get_key("n")', 'set_key("out", 3)', 'upper("a")'],
+        "user": ['ask("order")', 'lookup("O-1000")', "confirm()", "apply()", 'ask("weather")'],
         "tir": ["```python\nprint(2 + 2)\n```", "\\boxed{4}", "```python\nprint(1 / 0)\n```"],
     }
     return [rng.choice(["expert", "expert", "bad", *pool[env.name]]) for _ in range(n)]
