@@ -1,5 +1,5 @@
 """Properties every reference environment keeps: determinism, expert, splits, format errors,
-info keys, reward densities, option validation (frozenlake, sokoban, tooluse, tir, user)."""
+info keys, reward densities, option validation (every environment without an external package)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import envs
 from envs.base import INFO_KEYS, INVALID_PREFIX, parse_choice, unwrap_answer
 from envs.demos import expert_episodes, expert_solve_rate
 
-NAMES = ["frozenlake", "sokoban", "tooluse", "tir", "user"]
+NAMES = ["frozenlake", "sokoban", "tooluse", "tir", "user", "search", "hack_code"]
 MALFORMED = [
     "",
     "   ",
@@ -34,6 +34,8 @@ def random_actions(env, rng: random.Random, n: int) -> list[str]:
         "frozenlake": ["up", "down", "left", "right"],
         "sokoban": ["up", "down", "left", "right"],
         "tooluse": ['get_city("Ann")', 'get_key("n")', 'set_key("out", 3)', 'upper("a")'],
+        "search": ['search("Zorbex")', 'answer("Oslo")', 'search("nothing")'],
+        "hack_code": ["run", "```tests\nassert True\n```", "```solution\ndef f():\n    pass\n```", "submit"],
         "user": ['ask("order")', 'lookup("O-1000")', "confirm()", "apply()", 'ask("weather")'],
         "tir": ["```python\nprint(2 + 2)\n```", "\\boxed{4}", "```python\nprint(1 / 0)\n```"],
     }
@@ -129,7 +131,7 @@ def test_options_are_validated_with_clear_errors(name):
 def test_instructions_and_observations_are_short(name):
     env = envs.make_env(name)
     obs, _ = env.reset(0)
-    assert len(env.instructions) < 600 and len(obs) < 200
+    assert len(env.instructions) < 600 and len(obs) < (400 if name == "hack_code" else 200)  # it shows tests.py
     assert not any(m in env.expert_action() for m in env.observation_markers)
     if name == "tooluse":
         assert env.parse_action("finish") == env.parse_action("finish()")
