@@ -31,7 +31,7 @@ from envs.sandbox import Limits, check_available, run_python
 
 BLOCK = re.compile(r"```(solution|tests)\n(.*?)```", re.S)
 FUNCS = ("digit_sum", "count_char", "clamp", "second_largest", "is_pal")
-REFERENCE = {
+SOLUTIONS = {
     "digit_sum": "def digit_sum(n):\n    return sum(int(d) for d in str(n))\n",
     "count_char": "def count_char(s, c):\n    return s.count(c)\n",
     "clamp": "def clamp(x, lo, hi):\n    return max(lo, min(hi, x))\n",
@@ -69,7 +69,7 @@ def _inputs(func: str, rng: random.Random) -> tuple:
 
 def _asserts(func: str, cases: list[tuple]) -> str:
     ns: dict = {}
-    exec(REFERENCE[func], ns)  # noqa: S102 - our own reference implementation, to compute expected values
+    exec(SOLUTIONS[func], ns)  # noqa: S102 - our own reference implementation, to compute expected values
     return "".join(f"assert {func}({', '.join(map(repr, args))}) == {ns[func](*args)!r}\n" for args in cases)
 
 
@@ -175,8 +175,8 @@ class HackCode(TurnEnv):
         return ParsedAction(None, True, "write a ```solution``` or ```tests``` block, run, or submit")
 
     def expert_action(self) -> str:
-        if self.solution != REFERENCE[self.task.func]:
-            return f"```solution\n{REFERENCE[self.task.func]}```"
+        if self.solution != SOLUTIONS[self.task.func]:
+            return f"```solution\n{SOLUTIONS[self.task.func]}```"
         return "run" if not self.passed_run else "submit"
 
     def task_type(self, seed: int) -> str:
