@@ -67,7 +67,12 @@ def test_the_rule_judge_on_real_frozenlake_steps():
     judge = RuleJudge(JudgeConfig(votes=3))
     verdicts = judge(_play(env, expert, seed))
     assert [v.vote for v in verdicts] == [1] * len(expert)  # every expert step shortens the way to the goal
-    assert verdicts[0].votes == [1, 1, 1] and verdicts[0].row() == {"vote": 1, "votes": [1, 1, 1]}
+    assert verdicts[0].votes == [1, 1, 1]
+    assert verdicts[0].row() == {
+        "vote": 1,
+        "votes": [1, 1, 1],
+        "hint": f"the action '{expert[0]}' brings you closer to the goal.",
+    }
     # a malformed action is an error (-1); stepping back after one expert step loses progress (-1)
     back = {"up": "down", "down": "up", "left": "right", "right": "left"}[expert[0]]
     bad = judge(_play(env, ["jump", expert[0], back], seed))
