@@ -311,10 +311,23 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
             assert starts == [0]
 
 
+def interruptible() -> None:
+    """In the child before exec: Ctrl-C delivered, even when pytest itself runs as a background job
+    (a non-interactive shell starts those with SIGINT ignored, and an ignored signal stays ignored
+    across exec, so Python would never raise KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4", 40, workers=2)
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=_cli_env(FAKE_PAUSE_AT="3"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=tmp_path,
+        env=_cli_env(FAKE_PAUSE_AT="3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=interruptible,
     )
     wait_until(lambda: all(map(paused, dirs)), proc)  # both points wait after update 3 for the signal
     proc.send_signal(signal.SIGINT)

@@ -153,6 +153,11 @@ def test_objective_value_final_best_and_missing_metric():
 
 
 # ----------------------------------------------------------------------------- interruptions
+def interruptible() -> None:
+    """Ctrl-C delivered in the child even when pytest runs as a background job (see test_runner)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path, Path, str]:
     """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint.
 
@@ -166,6 +171,7 @@ def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=interruptible,
     )
 
     def waiting() -> list[Path]:
