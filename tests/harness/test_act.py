@@ -11,16 +11,8 @@ from envs import make_env
 from harness.config.schema import RunConfig
 from harness.rl.act import QuestionVenv, build_questions, same_action
 from tests.harness import baseline_run
-from tests.harness.test_invariance import Env, _merge
+from tests.harness.test_invariance import _merge
 from tests.harness.test_update import cfg_of
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
 
 
 def test_questions_pair_the_expert_with_a_sampled_action(env):

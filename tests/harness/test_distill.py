@@ -18,16 +18,8 @@ from harness.rl.distill import HINT_PREFIX, distill_gap, hinted_context, teacher
 from harness.rl.judge import RuleJudge, judge_episodes
 from harness.transcript.chat import IM_END, IM_START
 from tests.harness import baseline_run
-from tests.harness.test_invariance import Env, _merge, _perturb
+from tests.harness.test_invariance import _merge, _perturb
 from tests.harness.test_update import cfg_of
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
 
 
 def _episodes(env, cfg):

@@ -217,16 +217,6 @@ class Env:
         return t.training_batch(kept, cfg)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """Trainers and rollouts of the module; the tiny base model lives in the session's cache
-    (tests/conftest.py), so this module and its sibling build it once."""
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
-
-
 def _grads(policy) -> torch.Tensor:
     params = policy.actor_parameters() + policy.critic_parameters()
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])

@@ -25,7 +25,7 @@ from harness.rl.judge import (
     process_bonus,
 )
 from tests.harness import baseline_run
-from tests.harness.test_invariance import Env, _merge
+from tests.harness.test_invariance import _merge
 from tests.harness.test_update import cfg_of
 
 
@@ -79,14 +79,6 @@ def test_the_rule_judge_on_real_frozenlake_steps():
     assert [v.vote for v in bad] == [-1, 1, -1]
     # an unknown score gives 0 (no evidence)
     assert judge([Step("s", "a", "t", False, None, 0.5)])[0].vote == 0
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
 
 
 @pytest.mark.parametrize("form", ["episode", "step"])

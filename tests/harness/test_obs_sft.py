@@ -16,7 +16,7 @@ from harness.rl.losses import observation_nll
 from harness.rl.update import _micro_batches, _minibatch_step
 from tests.harness import baseline_run
 from tests.harness.test_batch import PAD, _episode
-from tests.harness.test_invariance import Env, _grads, _merge, _perturb
+from tests.harness.test_invariance import _grads, _merge, _perturb
 from tests.harness.test_update import cfg_of
 
 
@@ -38,14 +38,6 @@ def test_the_observation_mask_holds_the_segments_after_the_prompt_but_not_compla
     ]
     sub = b.rows(torch.tensor([1]))
     assert sub.obs_mask.tolist() == [[0, 0, 0, 0, 0, 1, 1, 0]]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
 
 
 @pytest.mark.parametrize("layout", ["concatenated", "per-step"])

@@ -18,7 +18,7 @@ from harness.rl.batch import build_batch, state_id
 from harness.rl.behaviour import advantages, behaviour_forward
 from harness.rl.losses import Denominators, loss_terms
 from harness.rl.update import make_optimizer, run_update
-from tests.harness.test_invariance import BASE, Env, _perturb, raw_config
+from tests.harness.test_invariance import BASE, _perturb, raw_config
 
 GRPO = {
     "clip": {"level": "token", "seq_mask": False, "eps_low": 0.2, "eps_high": 0.2, "seq_mask_delta": 0.223},
@@ -36,16 +36,6 @@ GRPO = {
 
 def cfg_of(**over) -> RunConfig:
     return validate_run_config(raw_config({**GRPO, **over}), "test")
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """Trainers and rollouts of the module; the tiny base model lives in the session's cache
-    (tests/conftest.py), so this module and its sibling build it once."""
-    shared = Env(tmp_path_factory.mktemp("runs"))
-    yield shared
-    for t in shared.trainers.values():
-        t.close()
 
 
 def off_policy(env, cfg):
