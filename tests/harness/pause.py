@@ -12,6 +12,7 @@ checked until it holds while the process under test is alive), `resume`.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -64,3 +65,10 @@ def wait_until(condition, proc: subprocess.Popen | None = None, timeout: float =
             raise AssertionError(f"the process exited first (code {proc.returncode}): {proc.communicate()}")
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def interruptible() -> None:
+    """`preexec_fn` of a process a test interrupts: Ctrl-C is delivered even when pytest itself runs as
+    a background job (a non-interactive shell starts those with SIGINT ignored, and an ignored signal
+    stays ignored across exec, so Python would never raise KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

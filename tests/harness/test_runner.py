@@ -15,7 +15,7 @@ from typing import Any
 
 import fake_trainer
 import pytest
-from pause import pause_at, paused, resume, wait_until
+from pause import interruptible, pause_at, paused, resume, wait_until
 
 from harness.experiments.point import RunOptions, read_status, run_point
 from harness.experiments.runner import plan, run_sweep
@@ -309,13 +309,6 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
             assert starts == [0, 6]  # resumed from its last checkpoint
         else:
             assert starts == [0]
-
-
-def interruptible() -> None:
-    """In the child before exec: Ctrl-C delivered, even when pytest itself runs as a background job
-    (a non-interactive shell starts those with SIGINT ignored, and an ignored signal stays ignored
-    across exec, so Python would never raise KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):

@@ -19,7 +19,7 @@ import pytest
 import tune_fake_trainer
 import yaml
 from optuna.trial import TrialState
-from pause import RESUME, paused, resume, wait_until
+from pause import RESUME, interruptible, paused, resume, wait_until
 
 from harness.config.errors import ConfigError
 from harness.experiments.study import load_study
@@ -153,11 +153,6 @@ def test_objective_value_final_best_and_missing_metric():
 
 
 # ----------------------------------------------------------------------------- interruptions
-def interruptible() -> None:
-    """Ctrl-C delivered in the child even when pytest runs as a background job (see test_runner)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path, Path, str]:
     """Start `harness tune`, stop it with `sig` while its third trial is past a checkpoint.
 
