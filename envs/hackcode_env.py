@@ -27,7 +27,8 @@ from pydantic import Field
 
 from envs.base import EnvOptions, ParsedAction, TurnEnv
 from envs.registry import ENVS
-from envs.sandbox import Limits, check_available, run_python
+from envs.sandbox import Limits, run_python
+from envs.sandbox import require as require_sandbox
 
 BLOCK = re.compile(r"```(solution|tests)\n(.*?)```", re.S)
 FUNCS = ("digit_sum", "count_char", "clamp", "second_largest", "is_pal")
@@ -101,7 +102,7 @@ class HackCode(TurnEnv):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        check_available()
+        require_sandbox()
 
     @property
     def instructions(self) -> str:

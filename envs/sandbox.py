@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 UID_BASE = 200_000  # sandbox uids: UID_BASE + a per-call number, never a real account
 _calls = itertools.count()
@@ -173,6 +174,13 @@ def default_python() -> str:
     """The interpreter the code runs under: the system's /usr/bin/python3 (readable by any uid; the
     harness's own may sit in a private home), else this one."""
     return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
+
+
+@lru_cache(maxsize=1)
+def require() -> None:
+    """`check_available` once per process: what an environment that runs code calls when it is built,
+    so a missing mechanism is one clear error up front rather than an error observation per episode."""
+    check_available()
 
 
 def run_python(code: str, limits: Limits = Limits(), python: str | None = None) -> Result:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from math import lcm
 from typing import Literal
 
@@ -33,7 +32,8 @@ from pydantic import Field
 
 from envs.base import EnvOptions, ParsedAction, TurnEnv
 from envs.registry import ENVS
-from envs.sandbox import Limits, check_available, run_python
+from envs.sandbox import Limits, run_python
+from envs.sandbox import require as require_sandbox
 
 CODE = re.compile(r"```python\n(.*?)```", re.S)
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
@@ -159,12 +159,6 @@ def make_problem(seed: int, options: TIROptions) -> Problem:
     return MAKERS[kind](rng, options.level)
 
 
-@lru_cache(maxsize=1)
-def _sandbox_ready() -> bool:
-    check_available()
-    return True
-
-
 def code_block(program: str) -> str:
     return f"```python\n{program}```"
 
@@ -189,7 +183,7 @@ class ToolIntegratedReasoning(TurnEnv):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        _sandbox_ready()  # a clear error now rather than an error observation in every episode
+        require_sandbox()
 
     def _new_task(self, seed: int) -> None:
         self.problem = make_problem(seed, self.options)
