@@ -28,6 +28,7 @@ import torch
 from envs import ENVS, make_env
 from envs.base import StepResult, unwrap_answer
 from harness.config.schema import RunConfig
+from harness.rl.rollout import sample_prompts
 
 ACT_INSTRUCTIONS = "Two actions are proposed for the state shown. Answer A or B: which action is better?"
 ACT_SALT = 0xAC7
@@ -123,8 +124,6 @@ def same_action(env, a: str, b: str) -> bool:
 @torch.no_grad()
 def build_questions(cfg: RunConfig, model, chat, update: int, n: int) -> tuple[list[Question], dict[str, float]]:
     """`n` questions for `update` (fewer only when every candidate state is degenerate) and act/* stats."""
-    from harness.rl.rollout import KVBatch, generate_turn
-
     rng = np.random.default_rng([cfg.train.seed, update, ACT_SALT])
     candidates = 3 * n
     start = (update * 3 + 1) * candidates  # train seeds apart from the RL tasks' blocks of early updates
@@ -132,22 +131,15 @@ def build_questions(cfg: RunConfig, model, chat, update: int, n: int) -> tuple[l
     states = _expert_states(cfg, seeds, rng)
     rows = [chat.prompt(instr, state) for instr, state, _, _ in states]
     gens = [torch.Generator().manual_seed(int(x)) for x in rng.integers(0, 2**31 - 1, size=len(rows))]
-    was_training = model.training
-    model.eval()
-    kv = KVBatch(model, chat.pad_id)
-    kv.reset(len(rows))
-    out = generate_turn(
-        kv,
+    out = sample_prompts(
+        model,
+        chat,
         rows,
-        None,
-        eot_id=chat.eot_id,
+        gens,
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        greedy=False,
-        generator=gens,
     )
-    model.train(was_training)
     env = make_env(cfg.env.name, cfg.env.options)
     questions, degenerate, fallback = [], 0, 0
     for (_, state, expert, admissible), ids in zip(states, out.ids):

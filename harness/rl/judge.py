@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from harness.config.schema import JudgeConfig, RunConfig
+from harness.rl.rollout import sample_prompts
 from harness.transcript.records import Episode
 
 JUDGE_INSTRUCTIONS = (
@@ -157,8 +158,6 @@ class ModelJudge:
     def __call__(self, steps: list[Step], key: tuple[int, ...] = ()) -> list[Verdict]:
         """`key` (update, rollout round) seeds one sampling stream per answer row, so the answers are
         reproducible, survive a resume, and do not depend on the rest of the batch."""
-        from harness.rl.rollout import KVBatch, generate_turn
-
         if not steps:
             return []
         m, cfg = self.cfg.votes, self.cfg
@@ -171,22 +170,15 @@ class ModelJudge:
             for i in range(len(rows))
         ]
         with self.frozen() as model:
-            was_training = model.training
-            model.eval()
-            kv = KVBatch(model, self.chat.pad_id)
-            kv.reset(len(rows))
-            out = generate_turn(
-                kv,
+            out = sample_prompts(
+                model,
+                self.chat,
                 rows,
-                None,
-                eot_id=self.chat.eot_id,
+                gens,
                 max_new_tokens=cfg.max_new_tokens,
                 temperature=max(cfg.temperature, 1e-6),
-                top_p=1.0,
                 greedy=cfg.temperature == 0,
-                generator=gens,
             )
-            model.train(was_training)
         answers = [self.chat.decode_action(ids) for ids in out.ids]
         verdicts = []
         for k, text in enumerate(texts):

@@ -256,6 +256,43 @@ def generate_turn(
 
 
 # ----------------------------------------------------------------------------- episodes
+
+
+@torch.no_grad()
+def sample_prompts(
+    model,
+    chat: ChatFormat,
+    rows: list[list[int]],
+    generators: list[torch.Generator],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    greedy: bool = False,
+) -> TurnOutput:
+    """One turn for each prompt in `rows` (token ids) from a fresh KV batch, in eval mode (the model's
+    mode is restored), one sampling stream per row: the single-turn generations of the model judge
+    and of ACT's sampled actions."""
+    was_training = model.training
+    model.eval()
+    try:
+        kv = KVBatch(model, chat.pad_id)
+        kv.reset(len(rows))
+        return generate_turn(
+            kv,
+            rows,
+            None,
+            eot_id=chat.eot_id,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            generator=generators,
+        )
+    finally:
+        model.train(was_training)
+
+
 def _trie(chat: ChatFormat, admissible, cache: dict[str, list[int]]) -> ActionTrie | None:
     if not admissible:
         return None
