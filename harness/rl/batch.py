@@ -56,6 +56,15 @@ def pack_by_tokens(units: list[list[int]], lengths: list[int], budget: int) -> l
     return out + ([cur] if cur else [])
 
 
+def row_groups(lengths: list[int], size: int, tokens: int) -> list[list[int]]:
+    """Rows of a no-gradient pass, each row its own unit: `size` rows at a time in order, or, with a
+    token budget (`tokens` > 0, algo.micro_batch_tokens), packed by length (`pack_by_tokens`); each
+    group in row order."""
+    if tokens <= 0:
+        return [list(range(k, min(k + size, len(lengths)))) for k in range(0, len(lengths), size)]
+    return [sorted(p) for p in pack_by_tokens([[k] for k in range(len(lengths))], lengths, tokens)]
+
+
 def state_id(key: str) -> int:
     """Stable integer id of an environment state key (GiGPO anchor), same in every process."""
     return zlib.crc32(key.encode("utf-8"))

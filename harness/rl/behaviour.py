@@ -19,7 +19,7 @@ from algorithms.types import AdvantageInputs, AdvantageParams
 from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig, axis_params
 from harness.model.logprobs import token_logprobs
-from harness.rl.batch import TrainBatch, pack_by_tokens
+from harness.rl.batch import TrainBatch, row_groups
 from harness.rl.losses import on_device, policy_forward
 
 
@@ -37,19 +37,11 @@ class Forward:
     entropy_constrained: torch.Tensor | None = None
 
 
-def micro_slices(n: int, size: int) -> list[torch.Tensor]:
-    idx = torch.arange(n)
-    return [idx[i : i + size] for i in range(0, n, size)]
-
-
 def forward_slices(batch: TrainBatch, size: int, tokens: int) -> list[torch.Tensor]:
     """Row groups of a no-gradient pass: `size` rows in order, or packed by length under a token budget
     (algo.micro_batch_tokens; rows are independent here, so each row is its own unit)."""
-    if tokens <= 0:
-        return micro_slices(batch.num_rows, size)
-    lengths = batch.attention_mask.sum(1).tolist()
-    packed = pack_by_tokens([[i] for i in range(batch.num_rows)], [int(x) for x in lengths], tokens)
-    return [torch.tensor(sorted(p)) for p in packed]
+    lengths = [int(x) for x in batch.attention_mask.sum(1).tolist()]
+    return [torch.tensor(g) for g in row_groups(lengths, size, tokens)]
 
 
 def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from harness.config.schema import RunConfig
 from harness.model.logprobs import token_logprobs
-from harness.rl.batch import episode_stream, pack_by_tokens
+from harness.rl.batch import episode_stream, row_groups
 from harness.transcript.chat import IM_END, IM_START
 from harness.transcript.records import Episode
 
@@ -85,12 +85,7 @@ def teacher_stream(
         return TeacherStream(logp, mask)
     a = cfg.algo
     lengths = [len(r) for r in rows]
-    if a.micro_batch_tokens > 0:
-        groups = pack_by_tokens([[k] for k in range(len(rows))], lengths, a.micro_batch_tokens)
-    else:
-        groups = [
-            list(range(k, min(k + a.micro_batch_size, len(rows)))) for k in range(0, len(rows), a.micro_batch_size)
-        ]
+    groups = row_groups(lengths, a.micro_batch_size, a.micro_batch_tokens)
     with frozen() as model:
         was_training = model.training
         model.eval()

@@ -17,3 +17,11 @@ def test_a_unit_over_budget_gets_its_own_pass_and_units_stay_whole():
 def test_ties_keep_their_order_and_every_row_appears_once():
     packed = pack_by_tokens([[i] for i in range(7)], [5] * 7, 15)
     assert packed == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_row_groups_in_order_by_size_or_packed_by_length():
+    from harness.rl.batch import row_groups
+
+    assert row_groups([5, 9, 2, 7, 1], 2, 0) == [[0, 1], [2, 3], [4]]
+    # budget 18, longest first: 9 and 7 (2 x 9 = 18); then 5, 2 and 1 (3 x 5 = 15); each group in row order
+    assert row_groups([5, 9, 2, 7, 1], 2, 18) == [[1, 3], [0, 2, 4]]
