@@ -302,9 +302,8 @@ def _reuse(
             by_update.setdefault(int(row["update"]), []).append(row)
         for update, rows in by_update.items():
             log[name](update, rows)
-    for folder in ("adapter",):
-        if (donor / folder).is_dir():
-            shutil.copytree(donor / folder, run_dir / folder, dirs_exist_ok=True)
+    if (donor / "adapter").is_dir():
+        shutil.copytree(donor / "adapter", run_dir / "adapter", dirs_exist_ok=True)
     append_jsonl(run_dir / EVENTS, [{"event": "reused", "time": now_iso(), "from": source}])
     metrics = dict(json.loads((donor / SUMMARY).read_text()).get("metrics") or {})
     return "done", metrics, None, logger
