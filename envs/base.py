@@ -104,6 +104,31 @@ class Env(ABC):
         per environment unless the environment has several (ALFWorld's six task types)."""
         return self.name
 
+    def instructions_for(self, seed: int) -> str:
+        """The instructions of task `seed` (a mixture's differ per member; here: `instructions`)."""
+        return self.instructions
+
+    def env_label(self, seed: int) -> str:
+        """The environment task `seed` comes from, as metrics and `env_std` name it (a mixture's member)."""
+        return self.name
+
+    @classmethod
+    def markers_for(cls, options: EnvOptions | dict | None = None) -> tuple[str, ...]:
+        """The observation markers of this environment with `options` (a mixture: its members')."""
+        return tuple(cls.observation_markers)
+
+    @classmethod
+    def demo_seeds(cls, n: int, options: EnvOptions | dict | None = None) -> list[int]:
+        """The train tasks expert demonstrations are taken from, in order (pre-training, SFT)."""
+        return cls.task_seeds("train", n, options)
+
+    @classmethod
+    def cache_options(cls, options: EnvOptions | dict | None = None) -> dict:
+        """The options that decide demonstrations and models built from them (cache keys)."""
+        if not isinstance(options, EnvOptions):
+            options = cls.Options(**(options or {}))
+        return options.model_dump()
+
     def close(self) -> None:  # noqa: B027 - an optional hook: most environments hold nothing to release
         """Release external resources (an interpreter process, files); the default has none."""
 

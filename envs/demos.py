@@ -66,7 +66,7 @@ def _play_batch(venv: VectorEnv, env_name: str, seeds: list[int | None]) -> list
     observations: dict[int, str] = {}
     for i, reset in enumerate(venv.reset(seeds)):
         if reset is not None:
-            episodes[i] = Episode(env_name, seeds[i], venv.instructions)
+            episodes[i] = Episode(env_name, seeds[i], reset[1].get("instructions", venv.instructions))
             observations[i] = reset[0]
             episodes[i].env_error = reset[1].get("env_error")
     live = {i for i in episodes if venv.active[i]}

@@ -142,6 +142,13 @@ class ModelConfig(Strict):
 class EnvConfig(Strict):
     name: str = F("frozenlake", "Environment (see `harness envs`).")
     options: dict[str, Any] = F({}, "Environment options, validated by the environment's own schema.")
+    mixture: list[dict[str, Any]] = F(
+        [],
+        "Multi-task training (AgentRL): a weighted mixture [{name, options, weight, label}, ...]; when set, "
+        "env.name becomes `mixture` and env.options its members (leave both unset). Each group is from one "
+        "environment; task type = environment for algo.adv.norm task; metrics and held-out evaluation per "
+        "environment (weight 0: evaluated, never trained).",
+    )
     reward_density: Literal["sparse", "dense"] = F(
         "sparse", "sparse: outcome only; dense: score increments per turn (Practitioner's Guide, Wang et al. 2025)."
     )
@@ -158,6 +165,21 @@ class EnvConfig(Strict):
         ge=0,
         le=1_024,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mixture(cls, data: Any) -> Any:
+        """env.mixture set: the environment is `mixture` with the members as its options (the
+        members are validated, with messages naming env.mixture.<i>, by the config loader)."""
+        if not isinstance(data, dict) or not data.get("mixture"):
+            return data
+        options = data.get("options") or {}
+        if not isinstance(options, dict) or set(options) - {"members"}:
+            raise ValueError(
+                "env.options: leave it unset with env.mixture (each member's options go in "
+                f"env.mixture.<i>.options); got {options!r}"
+            )
+        return {**data, "name": "mixture", "options": {"members": data["mixture"]}}
 
 
 # ----------------------------------------------------------------------------- turns / context

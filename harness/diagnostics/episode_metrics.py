@@ -50,6 +50,18 @@ def probe_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
     return out
 
 
+def per_env_metrics(episodes: list[Episode], prefix: str, env_of, markers: tuple[str, ...] = ()) -> dict[str, float]:
+    """`episode_metrics` of each environment of a mixture apart, under `{prefix}/{env}/...`;
+    env_of: task seed -> the member's label (envs/mixture_env.py)."""
+    by_env: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by_env.setdefault(env_of(ep.task_seed), []).append(ep)
+    out: dict[str, float] = {}
+    for label in sorted(by_env):
+        out.update(episode_metrics(by_env[label], f"{prefix}/{label}", markers))
+    return out
+
+
 def episode_metrics(episodes: list[Episode], prefix: str, markers: tuple[str, ...] = ()) -> dict[str, float]:
     """success, return, turns, format errors, truncation, overflow, env errors, action length,
     hallucinated-observation rate (actions containing one of the env's observation markers).

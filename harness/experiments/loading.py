@@ -313,6 +313,8 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
         value = get_dotted(dump, key)
         if value is not MISSING and value not in registry:
             problems.append(choice_message(key, value, registry.names()) + _origin_note(key, origins))
+    mixture_problems = _resolve_mixture(cfg, origins) if cfg.env.mixture else []
+    problems += mixture_problems
     try:
         options_model = env_class(cfg.env.name).Options
     except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
@@ -322,14 +324,43 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
         )
     else:
         try:
-            options = options_model.model_validate(cfg.env.options)
+            # a mixture's members, once valid, are valid options (their problems: env.mixture.<i>)
+            options = None if mixture_problems else options_model.model_validate(cfg.env.options)
         except ValidationError as e:
             problems.extend(validation_lines(e, options_model, "env.options", origins))
         else:
-            cfg.env.options = options.model_dump(mode="json")
+            if options is not None:
+                cfg.env.options = options.model_dump(mode="json")
     if problems:
         raise ConfigError(error_paragraph(source, problems))
     return cfg
+
+
+def _resolve_mixture(cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
+    """env.mixture -> env.name `mixture` with the members as env.options (envs/mixture_env.py);
+    problems name env.mixture.<i>.<key>."""
+    from envs.mixture_env import MIXTURE, MixtureMember, MixtureOptions
+
+    problems, members = [], []
+    for i, raw in enumerate(cfg.env.mixture):
+        try:
+            members.append(MixtureMember.model_validate(raw))
+        except ValidationError as e:
+            for err in e.errors(include_url=False):
+                key = ".".join(["env.mixture", str(i), *map(str, err["loc"])])
+                problems.append(
+                    f"{key}: {err['msg'].removeprefix('Value error, ')}" + _origin_note("env.mixture", origins)
+                )
+        except KeyError as e:  # an unknown member env: the message lists the environments
+            problems.append(f"env.mixture.{i}.name: {e}" + _origin_note("env.mixture", origins))
+    if problems:
+        return problems
+    try:
+        options = MixtureOptions(members=members).model_dump(mode="json")
+    except ValidationError as e:
+        return [f"env.mixture: {err['msg'].removeprefix('Value error, ')}" for err in e.errors(include_url=False)]
+    cfg.env.name, cfg.env.options = MIXTURE, options
+    return []
 
 
 # ----------------------------------------------------------------------------- entry points

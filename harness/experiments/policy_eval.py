@@ -35,7 +35,8 @@ class PolicyEvaluator:
             set_peft_model_state_dict(self.policy.model, load_peft_weights(str(point / "adapter"), device=self.device))
         self.policy.model.eval()
         env = make_env(cfg.env.name, cfg.env.options)
-        self.instructions, self.markers = env.instructions, type(env).observation_markers
+        self.instructions, self.markers = env.instructions, env.observation_markers
+        self.env_of = env.env_label if cfg.env.name == "mixture" else None
         env.close()
         self.budget = turn_budget_at(max(planned_updates(cfg) - 1, 0), cfg.turns)  # the last update's budget
         self._venv = VenvPool(cfg.env)
@@ -59,6 +60,7 @@ class PolicyEvaluator:
                     instructions=self.instructions,
                     markers=self.markers,
                     modes=(mode,),
+                    env_of=self.env_of,
                 )[1]
         return rows
 

@@ -85,7 +85,7 @@ def collect_demos(
         if need <= 0:
             break
         ask = need + max(4, need // 4) if demos else need
-        seeds = cls.task_seeds("train", index + ask, options)[index:]
+        seeds = cls.demo_seeds(index + ask, options)[index:]
         for ep in expert_episodes(env_name, options, seeds, max_turns):
             index += 1
             if ep.won and not ep.env_error and ep.turns:

@@ -34,7 +34,7 @@ def env_key(cfg: RunConfig) -> dict:
     cls = env_class(cfg.env.name)
     return {
         "name": cfg.env.name,
-        "options": validate_options(cfg.env.name, cfg.env.options).model_dump(),
+        "options": cls.cache_options(validate_options(cfg.env.name, cfg.env.options)),
         "code": code_version(cls, *[c for c in cls.__mro__ if c.__module__.startswith("envs.")]),
     }
 
@@ -90,7 +90,7 @@ def _build_tiny(cfg: RunConfig, out: Path) -> dict:
     texts = [
         episode_text(d.instructions, d.observations, d.actions) + observation_text(d.final_observation) for d in corpus
     ]
-    texts += list(env_class(cfg.env.name).observation_markers)
+    texts += list(env_class(cfg.env.name).markers_for(cfg.env.options))
     tok = train_tokenizer(texts, t.vocab_size, t.max_position)
     model = init_tiny_model(t, tok, t.init_seed)
     metrics = {}

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from harness.config.schema import RunConfig
-from harness.diagnostics.episode_metrics import episode_metrics
+from harness.diagnostics.episode_metrics import episode_metrics, per_env_metrics
 from harness.rl.rollout import collect
 from harness.transcript.records import Episode
 
@@ -67,9 +67,11 @@ def evaluate(
     instructions: str,
     markers: tuple[str, ...] = (),
     modes: tuple[str, ...] = ("greedy", "sampled"),
+    env_of: Callable[[int], str] | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """Play the plan greedily and sampled; return (eval_greedy/... and eval_sampled/... metrics,
-    one row per episode). `venv(n)` gives a vector env of n instances."""
+    one row per episode). `venv(n)` gives a vector env of n instances. env_of (a mixture's task
+    seed -> member label): the metrics of each environment too, as eval_<mode>/<env>/..."""
     metrics: dict[str, float] = {}
     rows: list[dict] = []
     for mode in modes:
@@ -87,6 +89,8 @@ def evaluate(
             instructions=instructions,
         )
         metrics.update(episode_metrics(eps, f"eval_{mode}", markers))
+        if env_of is not None:
+            metrics.update(per_env_metrics(eps, f"eval_{mode}", env_of, markers))
         rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
     return metrics, rows
 

@@ -34,7 +34,7 @@ is appended to the observation on a new line, asking the agent for its final ans
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -317,6 +317,7 @@ class _Play:
     segments: list[list[int]]  # observation segments as shown (observation format, turn 0 included)
     actions: list[list[int]]  # sampled action ids
     stream: torch.Generator | None = None  # the episode's own sampling stream (common random numbers)
+    system: list[int] = field(default_factory=list)  # the system segment (a mixture's differ per member)
 
 
 def collect(
@@ -354,11 +355,22 @@ def collect(
     budget = turn_budget if turn_budget is not None else cfg.turns.max
     streams = generator if isinstance(generator, list) else [None] * len(tasks)
     plays = [
-        _Play(Episode(task_seed=s, group=g, instructions=instructions, turn_budget=budget), obs, info, [], [], gen)
+        _Play(
+            Episode(task_seed=s, group=g, instructions=info.get("instructions", instructions), turn_budget=budget),
+            obs,
+            info,
+            [],
+            [],
+            gen,
+        )
         for (s, g), (obs, info), gen in zip(tasks, venv.reset([s for s, _ in tasks]), streams)
     ]
-    system = system_ids(chat, instructions)
-    check_prompt_split(chat, instructions, plays[0].obs)
+    systems: dict[str, list[int]] = {}  # one system segment per distinct instructions (env.mixture)
+    for p in plays:
+        if p.episode.instructions not in systems:
+            systems[p.episode.instructions] = system_ids(chat, p.episode.instructions)
+            check_prompt_split(chat, p.episode.instructions, p.obs)
+        p.system = systems[p.episode.instructions]
     for p in plays:
         p.episode.env_error = _env_error(p.info)
     alive = [p for p in plays if p.episode.env_error is None]
@@ -374,7 +386,7 @@ def collect(
                 if not alive:
                     break
                 last = t == budget - 1
-                contexts, new_ids = _turn_inputs(chat, cfg, alive, system, t, last, incremental)
+                contexts, new_ids = _turn_inputs(chat, cfg, alive, t, last, incremental)
                 if not incremental:
                     kv.reset(len(alive))
                 tries = (
@@ -410,9 +422,7 @@ def collect(
                 keep = [
                     i
                     for i, p in enumerate(alive)
-                    if not _record(
-                        p, t, i, out, texts[i], contexts[i], system, results[i], cfg.turns.overflow_penalty, last
-                    )
+                    if not _record(p, t, i, out, texts[i], contexts[i], results[i], cfg.turns.overflow_penalty, last)
                 ]
                 alive = [alive[i] for i in keep]
                 if incremental and alive:
@@ -452,7 +462,7 @@ def _pooled_turn(model, cross: CrossPolicy, pad_id: int, new_ids, tries, streams
 
 
 def _turn_inputs(
-    chat: ChatFormat, cfg: RunConfig, alive: list[_Play], system: list[int], t: int, last: bool, incremental: bool
+    chat: ChatFormat, cfg: RunConfig, alive: list[_Play], t: int, last: bool, incremental: bool
 ) -> tuple[list, list[list[int]]]:
     """Append turn t's shown observation segment to every live episode; return the contexts to
     record (None for policy full) and the ids to prefill (new tokens only when incremental)."""
@@ -463,10 +473,10 @@ def _turn_inputs(
         p.segments.append(chat.observation(text))
         context = None
         if cfg.context.policy != "full" or not incremental:
-            context = build_context(cfg.context, system, p.segments, p.actions)
+            context = build_context(cfg.context, p.system, p.segments, p.actions)
         contexts.append(None if cfg.context.policy == "full" else context)
         # incremental: the previous action's last token was sampled but never fed
-        new_ids.append((p.actions[-1][-1:] if t > 0 else system) + p.segments[-1] if incremental else context)
+        new_ids.append((p.actions[-1][-1:] if t > 0 else p.system) + p.segments[-1] if incremental else context)
     return contexts, new_ids
 
 
@@ -477,7 +487,6 @@ def _record(
     out: TurnOutput,
     text: str,
     context: list[int] | None,
-    system: list[int],
     res,
     penalty: float,
     last: bool,
@@ -493,7 +502,7 @@ def _record(
     ep.steps.append(
         StepRecord(
             turn=t,
-            obs_ids=(system + p.segments[-1]) if t == 0 else p.segments[-1],
+            obs_ids=(p.system + p.segments[-1]) if t == 0 else p.segments[-1],
             context_ids=context,
             action_ids=out.ids[i],
             sampler_logprobs=out.logprobs[i],

@@ -25,9 +25,10 @@ import torch
 from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
+from envs.mixture_env import MIXTURE
 from harness.config.schema import RunConfig, axis_params
 from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
-from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, sample_rows
+from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, per_env_metrics, sample_rows
 from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
@@ -95,7 +96,9 @@ class Trainer:
         self.act_questions = act_questions(cfg)  # ACT questions per update in act.mode mixed (else 0)
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types)
         self.instructions = self.env.instructions
-        self.markers = type(self.env).observation_markers
+        self.markers = self.env.observation_markers
+        # env.mixture: metrics of every member apart (env/<label>/..., eval_<mode>/<label>/...)
+        self.env_of = self.env.env_label if cfg.env.name == MIXTURE else None
         self.train_pool = (
             ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
             if cfg.env.train_tasks
@@ -232,6 +235,7 @@ class Trainer:
             budget=self.eval_budget(update),
             instructions=self.instructions,
             markers=self.markers,
+            env_of=self.env_of,
         )
 
     # ------------------------------------------------------------------ loop
@@ -310,10 +314,16 @@ class Trainer:
             task_ids=[
                 state_id(f"{c.env.name}/{'act' if is_act(e) else self.env.task_type(e.task_seed)}") for e in episodes
             ],
-            env_ids=[state_id(c.env.name)] * len(episodes),
+            env_ids=[state_id(self._env_id(e)) for e in episodes],
             drop_forced=c.algo.forced_tokens == "drop",
             drop_stale=c.rollout.cross_policy.members > 0 and c.rollout.cross_policy.train_on == "current",
         )
+
+    def _env_id(self, e: Episode) -> str:
+        """The environment an episode comes from (a mixture: its member; an ACT question: act)."""
+        if self.env_of is None:
+            return self.cfg.env.name
+        return "act" if is_act(e) else self.env_of(e.task_seed)
 
     def _one_update(self, update: int) -> dict[str, float]:
         budget = turn_budget_at(update - 1, self.cfg.turns)
@@ -368,6 +378,7 @@ class Trainer:
         trained = all_eps + act_eps
         metrics = {
             **(episode_metrics(all_eps, "env", self.markers) if all_eps else {}),
+            **(per_env_metrics(all_eps, "env", self.env_of, self.markers) if all_eps and self.env_of else {}),
             **(group_reward_stats(all_eps) if all_eps else {}),
             **fstats,
             "env/turn_budget": float(budget),
