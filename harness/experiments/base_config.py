@@ -24,8 +24,11 @@ SHOWN_KEYS = 3  # differing keys named in the warning
 
 def excluded_keys(axes: list[str]) -> list[str]:
     """Keys a point may change without leaving the sweep's base: the axes, the seed, and the
-    environment's options when the environment is an axis (the sweep's axis isolation)."""
+    environment's options when the environment is an axis (the sweep's axis isolation); a mixture
+    (env.mixture) sets env.name and env.options from its members."""
     keys = list(dict.fromkeys([*axes, SEED_KEY]))
+    if any(covers("env.mixture", a) or covers(a, "env.mixture") for a in axes):
+        return keys + ["env.name", "env.options"]
     return keys + (["env.options"] if "env.name" in axes else [])
 
 

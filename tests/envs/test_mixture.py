@@ -115,6 +115,17 @@ def test_every_weighting_shares_the_checkpoint():
     )
 
 
+def test_every_weighting_shares_the_start_evaluation():
+    from harness.rl.evaluate import start_key
+
+    def key(w, norm="task"):
+        raw = {"env": {"mixture": [FL, {**SOK, "weight": w}]}, "algo": {"adv": {"norm": norm}}}
+        return start_key(validate_run_config(raw, "t.yaml"), {"base": "tiny:x", "sft": None})
+
+    assert key(0.0) == key(2.0) == key(1.0, "batch")
+    assert key(1.0) != start_key(validate_run_config({"env": {"mixture": [FL]}}, "t.yaml"), {"base": "tiny:x"})
+
+
 def test_training_on_a_mixture_end_to_end(tmp_path):
     """Two updates on frozenlake + sokoban: groups stay within one environment, each episode's system
     prompt is its member's, task normalisation sees one task type per environment, and metrics and

@@ -260,3 +260,40 @@ def test_a_transient_kl_spike_is_a_warning_and_a_blowup_is_a_collapse():
     outs = [collapse.update(i + 1, {"diag/kl_k3": v}) for i, v in enumerate([0.0, 6.2, 5.6])]
     assert collapse.collapsed_at == {"update": 2, "reason": "kl_blowup"} and collapse.should_stop
     assert [o["diag/collapsed"] for o in outs] == [0.0, 1.0, 1.0]
+
+
+def test_reward_hacking_fires_when_the_proxy_rises_while_the_truth_falls():
+    from harness.diagnostics.collapse import RewardHackingDetector
+
+    det = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    # (proxy, true) per update; reference = mean of updates 1-2 = (0.5, 0.5)
+    series = [(0.5, 0.5), (0.5, 0.5), (0.6, 0.5), (0.6, 0.5), (0.7, 0.44), (0.7, 0.44)]
+    out = [det.update(p, t, step=i + 1) for i, (p, t) in enumerate(series)]
+    assert out[0]["diag/proxy_true_gap"] == 0.0 and "diag/proxy_rise" not in out[2]  # no reference window yet
+    # update 4: last two = (0.6, 0.5): rise 0.1 but the truth held -> quiet (a hack on top of solving)
+    assert out[3]["diag/proxy_rise"] == pytest.approx(0.1) and out[3]["diag/true_change"] == 0.0
+    assert out[3]["diag/reward_hacking"] == 0.0
+    # update 5: last two = (0.65, 0.47): truth down 0.03 < fall -> quiet; update 6: (0.7, 0.44) -> fires
+    assert out[4]["diag/reward_hacking"] == 0.0
+    assert out[5]["diag/reward_hacking"] == 1.0 and det.fired_at == 6
+    assert out[5]["diag/proxy_true_gap"] == pytest.approx(0.26)
+    assert "update 6" in det.reason
+
+
+def test_reward_hacking_is_an_event_not_a_collapse_and_needs_the_truth():
+    from harness.diagnostics.collapse import RewardHackingDetector
+
+    mon = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1), stop_on=("reward_hacking",))
+    assert "diag/proxy_true_gap" not in mon.update(1, {"env/success": 0.2})  # not a probe: no truth, no check
+    mon.update(2, {"env/success": 0.2, "env/true_success": 0.2})
+    mon.update(3, {"env/success": 0.3, "env/true_success": 0.2})  # the first reference is update 2
+    assert not mon.events
+    flags = mon.update(4, {"env/success": 0.5, "env/true_success": 0.05})
+    assert flags["diag/reward_hacking"] == 1.0 and mon.events == [{"update": 4, "reason": "reward_hacking"}]
+    assert mon.collapsed_at is None and flags["diag/collapsed"] == 0.0 and mon.should_stop
+    again = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1))
+    again.load_state_dict(mon.state_dict())
+    assert again.hacking.fired_at == 4 and again.hacking.history == mon.hacking.history
+    old = mon.state_dict()
+    old.pop("hacking")  # a checkpoint written before the detector existed
+    CollapseMonitor().load_state_dict(old)
