@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from envs.stage import report
 from envs.vector import VectorEnv
 
 
@@ -58,6 +59,7 @@ def expert_episodes(
         for start in range(0, len(seeds), n):
             batch = list(seeds[start : start + n])
             episodes += _play_batch(venv, env_name, batch + [None] * (n - len(batch)))
+            report(f"expert episodes ({env_name})", len(episodes), len(seeds))
     return [e for e in episodes if e.won] if only_won else episodes
 
 

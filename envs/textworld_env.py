@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import Field
 
 from envs.registry import ENVS
+from envs.stage import report
 from envs.text_game import (
     GameView,
     TextGameEnv,
@@ -69,6 +70,9 @@ class TextWorldOptions(TextGameOptions):
     )
 
 
+_GENERATED = [0]  # games this process generated (progress only)
+
+
 def game_path(options: TextWorldOptions, seed: int) -> Path:
     """The cached game of task `seed` (generated on first use)."""
     tag = f"w{options.world_size}-o{options.nb_objects}-q{options.quest_length}-tw{TEXTWORLD_VERSION}"
@@ -104,7 +108,10 @@ def _generate(options: TextWorldOptions, seed: int, path: Path) -> Path:
         if not game.metadata.get("walkthrough"):
             last_error = RuntimeError("the generated game has no walkthrough")
             continue
-        return Path(compile_game(game, game_options))
+        out = Path(compile_game(game, game_options))
+        _GENERATED[0] += 1
+        report("TextWorld games generated in this process (then cached on disk)", _GENERATED[0])
+        return out
     raise RuntimeError(
         f"TextWorld could not generate a game for seed {seed} with world_size="
         f"{options.world_size}, nb_objects={options.nb_objects}, quest_length="

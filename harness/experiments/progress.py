@@ -3,7 +3,9 @@ rate and time left. A rich live display on a terminal, plain throttled lines oth
 
 The runner calls begin / point_start / point_update / point_end / end from the main process;
 `point_update` receives the dict the trainer passes to its `progress` callback
-(`{"update": k, "updates": n, "success": ...}`; extra keys are ignored).
+(`{"update": k, "updates": n, "success": ...}`; extra keys are ignored), and before the first
+update the set-up steps (`{"stage": "pre-training the tiny model ...", "done": k, "total": n}`,
+from envs.stage), shown with their own ETA.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ class _Running:
     last_tick: float = field(default_factory=time.monotonic)
     success: deque = field(default_factory=lambda: deque(maxlen=5))
     last_print: float = 0.0
+    stage: tuple[str, int, int | None] | None = None  # set-up step before the first update: (name, done, total)
+    stage_started: float = 0.0
+    stage_done0: int = 0  # units already done when the stage was first seen (its ETA counts from there)
+
+    def stage_text(self, now: float) -> str:
+        name, done, total = self.stage
+        text = f"{name} {done}/{'?' if total is None else total}"
+        rate_done = done - self.stage_done0
+        if total is not None and rate_done > 0 and done < total:
+            text += f"  eta {format_seconds((now - self.stage_started) * (total - done) / rate_done)}"
+        return text
 
     @property
     def recent_success(self) -> float | None:
@@ -79,6 +92,9 @@ class SweepProgress:
             self._say(f"start {point_id}  ({self._finished}/{self.total} finished)")
 
     def point_update(self, point_id: str, info: dict[str, Any]) -> None:
+        if "stage" in info:
+            self._stage(point_id, info)
+            return
         with self._lock:
             run = self.running.get(point_id)
             if run is None:
@@ -96,6 +112,23 @@ class SweepProgress:
         if self.plain and (now - run.last_print >= self.plain_every_s or update >= run.updates):
             run.last_print = now
             self._say(f"    {point_id}: {self._point_text(run)}  eta {format_seconds(self.eta())}")
+
+    def _stage(self, point_id: str, info: dict[str, Any]) -> None:
+        """A set-up step's progress (before the first update): shown until the updates start."""
+        with self._lock:
+            run = self.running.get(point_id)
+            if run is None or run.update > 0:
+                return
+            now = time.monotonic()
+            name, done, total = str(info["stage"]), int(info.get("done", 0)), info.get("total")
+            new = run.stage is None or run.stage[0] != name
+            if new:
+                run.stage_started, run.stage_done0 = now, done
+            run.stage = (name, done, None if total is None else int(total))
+            finished = total is not None and done >= int(total)
+        if self.plain and (new or finished or now - run.last_print >= min(self.plain_every_s, 10.0)):
+            run.last_print = now
+            self._say(f"    {point_id}: {run.stage_text(now)}")
 
     def point_end(self, point_id: str, status: str, wall_s: float | None = None) -> None:
         with self._lock:
@@ -151,6 +184,6 @@ class SweepProgress:
                 rows.add_row(
                     Text(f"  {pid}", style="cyan"),
                     ProgressBar(total=max(1, run.updates), completed=run.update, width=20),
-                    Text(self._point_text(run)),
+                    Text(run.stage_text(time.monotonic()) if run.update == 0 and run.stage else self._point_text(run)),
                 )
         return Group(head, rows)

@@ -71,7 +71,18 @@ def sft_warmup(cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, de
         max_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
         train = wrap_lora(model, cfg.model.lora, SFT_SEED) if cfg.model.finetune == "lora" else model
         s = cfg.sft
-        metrics = sft_train(train, chat, demos, s.epochs, s.lr, s.batch_size, SFT_SEED, max_len, context=cfg.context)
+        metrics = sft_train(
+            train,
+            chat,
+            demos,
+            s.epochs,
+            s.lr,
+            s.batch_size,
+            SFT_SEED,
+            max_len,
+            context=cfg.context,
+            stage="SFT warm-up (optimizer steps)",
+        )
         if cfg.model.finetune == "lora":
             model = train.merge_and_unload()
         model.save_pretrained(str(out))

@@ -27,6 +27,7 @@ from torch import nn
 
 from envs.demos import expert_episodes
 from envs.registry import env_class
+from envs.stage import report
 from harness.model.logprobs import hidden_states, logprobs_from_hidden
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, shown_observation, system_ids
@@ -196,13 +197,15 @@ def sft_train(
     grad_clip: float = 1.0,
     context=None,
     log: Callable[[dict], None] | None = None,
+    stage: str = "supervised training",
 ) -> dict:
     """Train the trainable parameters of `model` on expert demonstrations; return metrics.
 
     AdamW, linear warm-up then cosine decay to `min_lr_frac * lr`, gradient clipping. The loss is
     on action tokens only (see the module docstring). `episodes`: Demos or episodes `to_demo` reads.
     `context`: a ContextConfig to train in the layout that context policy gives (`demo_examples`);
-    None = the full concatenated history. `batch_size` counts training sequences.
+    None = the full concatenated history. `batch_size` counts training sequences. Every optimizer
+    step is reported as progress of `stage` (envs.stage: optimizer steps done / planned).
     """
     examples = [x for e in episodes for x in demo_examples(chat, to_demo(e), max_len, context)]
     examples = [x for x in examples if any(x[1])]
@@ -233,6 +236,7 @@ def sft_train(
             sched.step()
             n_act = float(sum(sum(m) for _, m in batch))
             total, count, step = total + loss.detach() * n_act, count + n_act, step + 1
+            report(stage, step, epochs * steps_per_epoch)
             first_loss = loss.detach() if first_loss is None else first_loss
         epoch_losses.append(float(total) / max(count, 1.0))
         if log:

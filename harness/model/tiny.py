@@ -104,6 +104,7 @@ def _build_tiny(cfg: RunConfig, out: Path) -> dict:
             t.pretrain_batch_size,
             t.init_seed,
             t.max_position,
+            stage="pre-training the tiny model (optimizer steps)",
         )
     tok.save_pretrained(str(out))
     model.save_pretrained(str(out))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from envs.stage import report
 from harness.config.schema import RunConfig
 from harness.diagnostics.episode_metrics import episode_metrics, per_env_metrics
 from harness.rl.rollout import collect
@@ -74,6 +75,9 @@ def evaluate(
     seed -> member label): the metrics of each environment too, as eval_<mode>/<env>/..."""
     metrics: dict[str, float] = {}
     rows: list[dict] = []
+    total = sum(len(eval_plan.greedy) if m == "greedy" else len(eval_plan.sampled) for m in modes)
+    stage = f"held-out evaluation at update {update} (episodes)"
+    report(stage, 0, total)
     for mode in modes:
         tasks = [(t, 0) for t in eval_plan.greedy] if mode == "greedy" else eval_plan.sampled
         streams = [episode_stream(t, k) for t, k in tasks]
@@ -92,6 +96,7 @@ def evaluate(
         if env_of is not None:
             metrics.update(per_env_metrics(eps, f"eval_{mode}", env_of, markers))
         rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
+        report(stage, len(rows), total)
     return metrics, rows
 
 

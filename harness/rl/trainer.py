@@ -14,6 +14,7 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,6 +27,7 @@ from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
 from envs.mixture_env import MIXTURE
+from envs.stage import STAGE_LOGGER
 from harness.config.schema import RunConfig, axis_params
 from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
 from harness.diagnostics.episode_metrics import episode_metrics, group_reward_stats, per_env_metrics, sample_rows
@@ -72,11 +74,47 @@ def _generator(seed: int, *salt: int) -> torch.Generator:
     return g
 
 
+class StageForwarder(logging.Handler):
+    """Forwards the set-up progress records of `envs.stage` (games, demonstrations, pre-training,
+    the starting evaluation) to the trainer's progress callback as {"stage", "done", "total"},
+    at most one every `every_s` seconds per stage (and always its last one)."""
+
+    def __init__(self, progress: ProgressFn, every_s: float = 2.0):
+        super().__init__(logging.INFO)
+        self.forward, self.every_s, self.last = progress, every_s, {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stage = getattr(record, "stage", None)
+        if stage is None:
+            return
+        done, total = int(getattr(record, "done", 0)), getattr(record, "total", None)
+        now = time.monotonic()
+        if total is not None and done >= total or now - self.last.get(stage, -1e9) >= self.every_s:
+            self.last[stage] = now
+            self.forward({"stage": stage, "done": done, "total": total})
+
+    def __enter__(self) -> StageForwarder:
+        logging.getLogger(STAGE_LOGGER).addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger(STAGE_LOGGER).removeHandler(self)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, logger, progress: ProgressFn | None = None):
         self.cfg, self.run_dir, self.logger = cfg, Path(run_dir), logger
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress or (lambda _: None)
+        # set-up progress (tiny model, SFT, games, the starting evaluation) until the first update
+        self.stages = StageForwarder(self.progress).__enter__()
+        try:
+            self._setup(cfg)
+        except BaseException:
+            self.stages.__exit__()
+            raise
+
+    def _setup(self, cfg: RunConfig) -> None:
         seed_everything(cfg.train.seed)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -115,6 +153,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollouts
     def close(self) -> None:
+        self.stages.__exit__()
         if self.concurrent is not None:
             self.concurrent.close()
         self._venv.close()
@@ -259,6 +298,7 @@ class Trainer:
             self.logger.log(0, init)
             self._track_best(0, init)
         last_eval: dict[str, float] = state.get("last_eval") or state["init_eval"] or {}
+        self.stages.__exit__()  # set-up is over: from here on the updates are the progress
         t_start = time.time()
         cost = state.setdefault("cost", {"episodes": 0.0, "generated_tokens": 0.0})
         wall_before = cost.get("wall_s", 0.0)  # wall time of earlier attempts (resume)

@@ -183,3 +183,57 @@ def test_progress_plain_lines_and_live_view():
     live.end()
     out = rendered.file.getvalue()
     assert "0/2 points" in out and "update 2/4" in out and "success 1.00" in out
+
+
+def test_progress_shows_set_up_steps_with_an_eta_until_the_first_update():
+    import io
+
+    from rich.console import Console
+
+    from harness.experiments.progress import SweepProgress, _Running
+
+    buf = io.StringIO()
+    plain = SweepProgress(Console(file=buf, force_terminal=False, width=200), plain_every_s=0)
+    plain.begin("s", total=1, finished=0, to_run_updates=[3])
+    plain.point_start("p1", 3)
+    plain.point_update("p1", {"stage": "pre-training", "done": 0, "total": 40})
+    plain.point_update("p1", {"stage": "pre-training", "done": 10, "total": 40})
+    plain.point_update("p1", {"stage": "games", "done": 3, "total": None})
+    plain.point_update("p1", {"update": 1, "updates": 3, "success": 0.5})
+    plain.point_update("p1", {"stage": "late", "done": 1, "total": 2})  # after the first update: ignored
+    text = buf.getvalue()
+    assert "p1: pre-training 0/40\n" in text and "p1: pre-training 10/40" in text
+    assert "p1: games 3/?" in text and "late" not in text and "update 1/3" in text
+    # the ETA counts from the first report of the stage: 10 steps in 10 s, 30 to go
+    run = _Running(updates=3, stage=("pre-training", 12, 40), stage_started=100.0, stage_done0=2)
+    assert run.stage_text(110.0) == "pre-training 12/40  eta 00:28"
+    assert _Running(updates=3, stage=("games", 3, None)).stage_text(5.0) == "games 3/?"
+
+
+def test_the_trainer_reports_its_set_up_steps_before_the_first_update(tmp_path, monkeypatch):
+    """From a cold cache: the demonstrations, the pre-training steps and the starting evaluation are
+    reported (envs.stage) before update 1, nothing after it, and the handler is gone afterwards."""
+    import logging
+
+    from envs.stage import STAGE_LOGGER
+    from harness.config.schema import RunConfig
+    from harness.experiments.tracking import RunLogger
+    from harness.rl.trainer import train
+    from tests.harness import baseline_run
+    from tests.harness.test_invariance import _merge
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    seen: list[dict] = []
+    cfg = _merge(baseline_run.CONFIG, {"model": {"tiny": {"pretrain_demos": 40, "pretrain_epochs": 2}}})
+    logger = RunLogger(tmp_path / "run")
+    train(RunConfig.model_validate(cfg), tmp_path / "run", logger, seen.append)
+    logger.close("done")
+    first = next(i for i, s in enumerate(seen) if "update" in s)
+    stages = [s["stage"] for s in seen[:first]]
+    assert all("stage" in s for s in seen[:first]) and not any("stage" in s for s in seen[first:])
+    assert any(s.startswith("expert episodes (frozenlake)") for s in stages)
+    assert any(s.startswith("pre-training the tiny model") for s in stages)
+    assert "held-out evaluation at update 0 (episodes)" in stages
+    pre = [s for s in seen[:first] if s["stage"].startswith("pre-training")]
+    assert pre[-1]["done"] == pre[-1]["total"] > 0  # the last step is always forwarded
+    assert not logging.getLogger(STAGE_LOGGER).handlers
