@@ -26,7 +26,7 @@ from typing import Any
 
 KL_KEY = "diag/kl_k3"  # per-update mean k3 KL to the reference (harness.rl.update)
 GROUP_STD_KEY = "env/group_reward_std"  # per-update mean in-group reward std (harness.diagnostics.episode_metrics)
-PROXY_KEY, TRUE_KEY = "env/success", "env/true_success"  # a probe's rewarded and true outcome (episode_metrics)
+PROXY_KEY, TRUE_KEY = "env/proxy_success", "env/true_success"  # a probe's rewarded and true outcome (probe_metrics)
 
 
 class KLSpikeDetector:
@@ -170,8 +170,9 @@ class EchoTrapDetector:
 class RewardHackingDetector:
     """The proxy reward rises while the true outcome falls (docs/algorithms.md section 16).
 
-    Fed, per update, the training episodes' proxy success (what the reward pays: `env/success`)
-    and true success (`env/true_success`, reported only by the reward-hacking probes). The
+    Fed, per update, the training episodes' proxy success (what the reward pays:
+    `env/proxy_success`) and true success (`env/true_success`), both over the episodes of a
+    reward-hacking probe (the only environments that report a truth; in a mixture, its own). The
     reference is their mean over the first `window` updates; afterwards each update compares the
     mean of the last `window` updates with it, and the event fires the first time the proxy is up
     by at least `rise` while the truth is down by at least `fall`. Both means are over `window`
@@ -222,7 +223,7 @@ class CollapseMonitor:
 
     `update(step, metrics)` reads `diag/kl_k3` (KL spike) and `env/group_reward_std` (echo
     trap) from the update's metrics when present (a run without a reference model has no KL),
-    and `env/success` with `env/true_success` (reward hacking; only the probes report the
+    and `env/proxy_success` with `env/true_success` (reward hacking; only the probes report the
     truth), and returns the detectors' diag/... metrics plus diag/collapsed (0/1, stays 1).
     `events` lists every event: each KL spike (the EMA z-test, a warning), each KL blow-up
     (mean k3 above the detector's max_kl, 1 nat by default), the echo trap once, and reward

@@ -84,3 +84,11 @@ def test_probe_metrics_by_hand():
     assert m["env/exploit_rate"] == 0.5 and m["env/hack_rate"] == pytest.approx(2 / 3)
     plain = episode_metrics([Episode(0, 0, "", [StepRecord(0, [1], None, [2], [0.0], "a", "o")], won=True)], "env")
     assert not any(k.endswith(("true_success", "hack_rate", "exploit_rate", "violation_rate")) for k in plain)
+    assert m["env/proxy_success"] == 0.75
+    # in a mixture the probe's metrics are over its own episodes: two won plain-env episodes change nothing
+    other = Episode(0, 0, "", [StepRecord(0, [1], None, [2], [0.0], "a", "o")], won=True)
+    mixed = episode_metrics(eps + [other, other], "env")
+    assert mixed["env/success"] == pytest.approx(5 / 6)
+    probe_keys = ("env/true_success", "env/proxy_success", "env/exploit_rate", "env/hack_rate")
+    assert {k: mixed[k] for k in probe_keys} == {k: m[k] for k in probe_keys}
+    assert mixed["env/proxy_success"] == 0.75 and mixed["env/true_success"] == 0.25

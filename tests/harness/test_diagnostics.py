@@ -285,10 +285,10 @@ def test_reward_hacking_is_an_event_not_a_collapse_and_needs_the_truth():
 
     mon = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1), stop_on=("reward_hacking",))
     assert "diag/proxy_true_gap" not in mon.update(1, {"env/success": 0.2})  # not a probe: no truth, no check
-    mon.update(2, {"env/success": 0.2, "env/true_success": 0.2})
-    mon.update(3, {"env/success": 0.3, "env/true_success": 0.2})  # the first reference is update 2
+    mon.update(2, {"env/proxy_success": 0.2, "env/true_success": 0.2})
+    mon.update(3, {"env/proxy_success": 0.3, "env/true_success": 0.2})  # the first reference is update 2
     assert not mon.events
-    flags = mon.update(4, {"env/success": 0.5, "env/true_success": 0.05})
+    flags = mon.update(4, {"env/proxy_success": 0.5, "env/true_success": 0.05})
     assert flags["diag/reward_hacking"] == 1.0 and mon.events == [{"update": 4, "reason": "reward_hacking"}]
     assert mon.collapsed_at is None and flags["diag/collapsed"] == 0.0 and mon.should_stop
     again = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1))
