@@ -13,6 +13,7 @@ present, is included at the top. A sweep without results gets the command that w
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from analysis.render import to_markdown
 from analysis.report import status_line
 from analysis.table import table_for
 from analysis.table_text import code_versions
+from analysis.tasks import task_env, task_metric
 
 INTRO = "_intro.md"
 HEADER = """# Results
@@ -77,6 +79,18 @@ def _notes(notes_dir: Path, name: str) -> str:
     return f"_No notes yet: write `{p.as_posix()}` (the comparison with the papers goes there)._"
 
 
+def per_env_metrics(results) -> list[str]:
+    """For a sweep on a mixture of environments (env.mixture): its leading metric on each member,
+    e.g. final/eval_sampled/success -> final/eval_sampled/<env>/success for every env recorded."""
+    lead = results.attrs["sweep"].raw.get("metric") if "sweep" in results.attrs else None
+    spec = task_metric(lead) if isinstance(lead, str) else None
+    if spec is None or task_env(lead):
+        return []
+    when, mode, fld = spec
+    pattern = re.compile(rf"{when}/eval_{mode}/[^/]+/{fld}")
+    return sorted(c for c in results.columns if pattern.fullmatch(c))
+
+
 def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> list[str]:
     results = load_results(folder)
     meta = results.attrs["sweep"]
@@ -93,6 +107,9 @@ def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> l
     lines += [to_markdown(table, footer=False).rstrip(), ""]
     if table.missing:
         lines += ["Missing or unfinished:", ""] + [f"- {m}" for m in table.missing] + [""]
+    for metric in per_env_metrics(results):  # a mixture of environments: the same table per member
+        lines += [f"Environment `{task_env(metric)}` alone (`-m {metric}`):", ""]
+        lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
     try:
         pngs = make_plots(folder, out_dir=figures / sf.name, formats=("png",))
     except AnalysisError as e:

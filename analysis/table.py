@@ -27,7 +27,16 @@ from analysis.load import FINISHED, AnalysisError, load_curves, load_results, re
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
 from analysis.stats import N_BOOT, Estimate, bootstrap_ci
 from analysis.table_text import caption, keys_and_header, notes, provenance, summary_lines
-from analysis.tasks import EPISODE_KEYS, TOKEN_KEYS, cumulative, load_tasks, seed_scores, task_metric, task_scores
+from analysis.tasks import (
+    EPISODE_KEYS,
+    TOKEN_KEYS,
+    cumulative,
+    load_tasks,
+    seed_scores,
+    task_env,
+    task_metric,
+    task_scores,
+)
 
 DEFAULT_METRICS = ("final/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
 METRIC_NAMES = {
@@ -132,7 +141,7 @@ def _scores(primary: str, results: pd.DataFrame, curves: pd.DataFrame, tasks: pd
     spec = task_metric(primary)
     missing = len(done)
     if spec and spec[0] == "final" and tasks is not None and len(tasks):
-        scores = task_scores(tasks, spec[1], spec[2])
+        scores = task_scores(tasks, spec[1], spec[2], task_env(primary))
         missing = sum(not scores.has(p) for p in done["point"])
         if not missing:
             return scores

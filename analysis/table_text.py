@@ -12,7 +12,7 @@ from analysis.cells import axis_label, format_value, short_axis_names
 from analysis.columns import DELTA, GAIN, MATCHED, START, Block, power
 from analysis.load import FINISHED
 from analysis.stats import CONFIDENCE
-from analysis.tasks import Scores, task_metric
+from analysis.tasks import Scores, task_env, task_metric
 
 FIELD_WORDS = {"success": "success rate", "return": "episode return", "turns": "turns per episode"}
 MIN_SEEDS_WARNING = 3
@@ -59,7 +59,8 @@ def _what(results: pd.DataFrame, scores: Scores | None, primary: str) -> str:
     if spec is None:
         return f"{primary} (the summary value of each point)"
     _, mode, fld = spec
-    where = f"held-out {FIELD_WORDS[fld]}, {mode} decoding"
+    env = task_env(primary)
+    where = f"held-out {FIELD_WORDS[fld]}{f' on {env}' if env else ''}, {mode} decoding"
     if scores is not None and scores.per_task:
         k = f"{scores.samples} samples" if scores.samples != 1 else "1 sample"
         episodes = scores.tasks * scores.samples

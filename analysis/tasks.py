@@ -2,6 +2,8 @@
 
 `<point>/eval_tasks.jsonl` holds one row per evaluated episode:
     {"update", "mode": "greedy"|"sampled", "task", "sample", "success", "return", "turns"}
+and, for a mixture of environments (env.mixture), the member's label as "env"; a per-environment
+metric (final/eval_sampled/<env>/success) is then scored on that member's tasks only.
 Update 0 is the evaluation before RL (start), a point's last evaluated update is its final one.
 Every point of a sweep evaluates the same tasks with the same per-(task, sample) sampling seeds,
 so scores pair across points, seeds and updates by task (common random numbers).
@@ -25,18 +27,28 @@ import pandas as pd
 TASK_FILE = "eval_tasks.jsonl"
 MODES = ("greedy", "sampled")
 FIELDS = ("success", "return", "turns")
-COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS)
+COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS, "env")
 EPISODE_KEYS = ("perf/episodes", "env/episodes")  # episodes generated per update (refills included)
 TOKEN_KEYS = ("perf/rollout_tokens",)
 
 
 def task_metric(name: str) -> tuple[str, str, str] | None:
-    """'final/eval_greedy/success' -> ('final', 'greedy', 'success'); None for other metrics."""
+    """'final/eval_greedy/success' -> ('final', 'greedy', 'success'); None for other metrics. A
+    mixture's per-environment metric 'final/eval_greedy/<env>/success' gives the same triple
+    (`task_env` names the environment)."""
     parts = name.split("/")
+    if len(parts) == 4:
+        parts = [parts[0], parts[1], parts[3]]
     if len(parts) != 3 or parts[0] not in ("final", "init") or parts[2] not in FIELDS:
         return None
     mode = parts[1].removeprefix("eval_")
     return (parts[0], mode, parts[2]) if parts[1].startswith("eval_") and mode in MODES else None
+
+
+def task_env(name: str) -> str | None:
+    """The environment of a per-environment task metric ('final/eval_sampled/sokoban/success')."""
+    parts = name.split("/")
+    return parts[2] if len(parts) == 4 and task_metric(name) is not None else None
 
 
 def _rows(path: Path) -> list[dict]:
@@ -112,9 +124,12 @@ class Scores:
         return frame.iloc[-1] if when == "final" else frame.loc[when] if when in frame.index else None
 
 
-def task_scores(tasks: pd.DataFrame, mode: str, metric: str) -> Scores:
-    """Scores of one decoding mode and field: the mean over each task's samples."""
+def task_scores(tasks: pd.DataFrame, mode: str, metric: str, env: str | None = None) -> Scores:
+    """Scores of one decoding mode and field: the mean over each task's samples (of one member of
+    a mixture when `env` is given)."""
     sub = tasks[tasks["mode"] == mode]
+    if env is not None:
+        sub = sub[sub["env"] == env]
     values = pd.to_numeric(sub[metric], errors="coerce")
     means = values.groupby([sub["point"], sub["update"], sub["task"]]).mean()
     frames = {

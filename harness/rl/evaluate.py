@@ -44,9 +44,9 @@ def episode_stream(task: int, sample: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def task_row(update: int, mode: str, sample: int, ep: Episode) -> dict:
-    """One row of eval_tasks.jsonl."""
-    return {
+def task_row(update: int, mode: str, sample: int, ep: Episode, env: str | None = None) -> dict:
+    """One row of eval_tasks.jsonl (with the member's label as `env` in a mixture)."""
+    row = {
         "update": int(update),
         "mode": mode,
         "task": int(ep.task_seed),
@@ -55,6 +55,9 @@ def task_row(update: int, mode: str, sample: int, ep: Episode) -> dict:
         "return": float(ep.outcome),
         "turns": int(ep.num_turns),
     }
+    if env is not None:
+        row["env"] = env
+    return row
 
 
 def evaluate(
@@ -95,7 +98,9 @@ def evaluate(
         metrics.update(episode_metrics(eps, f"eval_{mode}", markers))
         if env_of is not None:
             metrics.update(per_env_metrics(eps, f"eval_{mode}", env_of, markers))
-        rows += [task_row(update, mode, k, ep) for (_, k), ep in zip(tasks, eps)]
+        rows += [
+            task_row(update, mode, k, ep, env_of(ep.task_seed) if env_of else None) for (_, k), ep in zip(tasks, eps)
+        ]
         report(stage, len(rows), total)
     return metrics, rows
 

@@ -135,3 +135,50 @@ def test_cli_unknown_metric_exits_2_with_a_did_you_mean(cli, tmp_path):
     r = cli("table", root, "-m", "final/eval_greedy/sucess")
     assert r.exit_code == 2 and "did you mean final/eval_greedy/success" in r.output
     assert "Traceback" not in r.output and r.output.count("\n") <= 2  # one paragraph
+
+
+def _as_mixture(root):
+    """The fixture's tasks 100-103 as environment `a` and 104-107 as `b` of a mixture, as a sweep on
+    env.mixture records them: rows with "env", per-environment summary metrics, the sweep's metric."""
+    import json
+
+    for d in (p for p in root.iterdir() if p.is_dir()):
+        rows = [json.loads(line) for line in (d / "eval_tasks.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["env"] = "a" if r["task"] < 104 else "b"
+        (d / "eval_tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = json.loads((d / "summary.json").read_text())
+        last = max(r["update"] for r in rows)
+        for when, u in (("init", 0), ("final", last)):
+            for env in ("a", "b"):
+                sel = [r["success"] for r in rows if r["update"] == u and r["mode"] == "greedy" and r["env"] == env]
+                summary["metrics"][f"{when}/eval_greedy/{env}/success"] = sum(sel) / len(sel)
+        (d / "summary.json").write_text(json.dumps(summary))
+    manifest = json.loads((root / "sweep.json").read_text())
+    manifest["metric"] = "final/eval_greedy/success"
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_a_mixture_gets_a_paired_table_per_environment(sweep):
+    from analysis.load import load_results
+    from analysis.results_doc import per_env_metrics
+    from analysis.tasks import task_env, task_metric
+
+    assert task_metric("final/eval_sampled/sokoban/success") == ("final", "sampled", "success")
+    assert (
+        task_env("final/eval_sampled/sokoban/success") == "sokoban" and task_env("final/eval_sampled/success") is None
+    )
+    root = _as_mixture(sweep)
+    assert per_env_metrics(load_results(root)) == ["final/eval_greedy/a/success", "final/eval_greedy/b/success"]
+    t = table_for(root, ["final/eval_greedy/a/success"])
+    assert "held-out success rate on a, greedy decoding, 4 held-out tasks x 1 sample each" in t.caption
+    d = data(root, "final/eval_greedy/a/success")
+    # none: seeds 0, 1 solve tasks j < 2 at the start and j < 4 at the end; seed 2 one more task each
+    assert d.loc["none", "start"] == pytest.approx((2 + 2 + 3) / 12) and d.loc["none", "final"] == pytest.approx(1.0)
+    a = grid("none", 4)[:, :4], grid("none", 0)[:, :4]
+    gain = crossed_bootstrap(*a)  # the paired bootstrap on environment a's tasks only
+    assert (d.loc["none", "gain:lo"], d.loc["none", "gain:hi"]) == pytest.approx((gain.lo, gain.hi))
+    b = data(root, "final/eval_greedy/b/success")
+    # ragen_top_p ends at threshold 6 (7 on seed 2): tasks 104, 105 (and 106) of b
+    assert b.loc["none", "start"] == 0.0 and b.loc["ragen_top_p", "final"] == pytest.approx((2 + 2 + 3) / 12)

@@ -181,3 +181,6 @@ def test_training_on_a_mixture_end_to_end(tmp_path):
         == first["eval_greedy/episodes"]
     )
     assert "env/frozenlake/success" in last and "env/sokoban/success" in last and "env/fl5/success" not in last
+    tasks = [json.loads(line) for line in (out / "eval_tasks.jsonl").read_text().splitlines()]
+    assert {r["env"] for r in tasks} == {"frozenlake", "sokoban", "fl5"}  # per-environment paired tables
+    assert all(r["env"] == Mixture(cfg.env.options).env_label(r["task"]) for r in tasks)
