@@ -595,6 +595,12 @@ class ACTConfig(Strict):
     )
     updates: int = F(5, "stage: updates spent on the critic task before RL.", ge=1, le=MAX_COUNT)
     mix: float = F(0.25, "mixed: share of each update's groups (tasks) that are critic questions.", gt=0, lt=1)
+    answer: Literal["letter", "action"] = F(
+        "letter",
+        "How the policy answers a critic question: letter: A or B (the pair shown as A: / B:); action: it writes "
+        "the better of the two actions, parsed by the environment (for policies that can only write the "
+        "environment's actions, such as the tiny model: with letters every answer is a format error).",
+    )
 
 
 class RunConfig(Strict):
@@ -612,6 +618,11 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _conflicts(self) -> RunConfig:
+        if self.act.mode != "none" and self.act.answer == "action" and self.env.mixture:
+            raise ValueError(
+                "act.answer: 'action' needs one environment to parse the answers; with env.mixture use "
+                "act.answer: letter"
+            )
         a = self.algo
         if a.critic.enabled and a.adv.estimator not in CRITIC_ESTIMATORS:
             raise ValueError(

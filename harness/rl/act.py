@@ -31,6 +31,7 @@ from harness.config.schema import RunConfig
 from harness.rl.rollout import sample_prompts
 
 ACT_INSTRUCTIONS = "Two actions are proposed for the state shown. Answer A or B: which action is better?"
+ACT_ACTION_INSTRUCTIONS = "Two actions are proposed for the state shown. Write the better of the two."
 ACT_SALT = 0xAC7
 ACT_GROUP_BASE = 1_000_000  # group ids of ACT questions, apart from the RL groups
 
@@ -38,28 +39,32 @@ ACT_GROUP_BASE = 1_000_000  # group ids of ACT questions, apart from the RL grou
 @dataclass(frozen=True)
 class Question:
     text: str
-    correct: str  # "A" or "B"
+    correct: str  # "A" or "B" (act.answer letter), or the expert's parsed action (action)
     expert: str
     sampled: str
+    other: str = ""  # act.answer action: the sampled action, parsed (the wrong answer)
 
 
-def question_text(state: str, a: str, b: str) -> str:
+def question_text(state: str, a: str, b: str, answer: str = "letter") -> str:
+    if answer == "action":
+        return f"{state}\n\nWhich action is better here?\n{a}\n{b}\nWrite the better action."
     return f"{state}\n\nWhich action is better here?\nA: {a}\nB: {b}\nAnswer A or B."
 
 
 class QuestionVenv:
     """A vector env over ACT questions (the `collect` interface): task seed i plays question i; one
-    turn, reward 1 for the expert's letter."""
+    turn, reward 1 for the expert's letter (or, with `parse`, the expert's action: `parse` is the
+    environment's action parser, and an answer that is neither of the two actions is a format error)."""
 
-    def __init__(self, questions: list[Question], slots: int, format_penalty: float = 0.0):
-        self.questions, self.n, self.format_penalty = questions, slots, format_penalty
+    def __init__(self, questions: list[Question], slots: int, format_penalty: float = 0.0, parse=None):
+        self.questions, self.n, self.format_penalty, self.parse = questions, slots, format_penalty, parse
         self.current: list[int | None] = [None] * self.n
 
-    def _info(self, won: bool = False, format_error: bool = False) -> dict:
+    def _info(self, q: Question | None, won: bool = False, format_error: bool = False) -> dict:
         return {
             "won": won,
             "score": float(won),
-            "admissible": ["A", "B"],
+            "admissible": ["A", "B"] if self.parse is None or q is None else [q.expert, q.sampled],
             "state_key": "",
             "format_error": format_error,
         }
@@ -68,8 +73,17 @@ class QuestionVenv:
         out = []
         for i, s in enumerate(seeds):
             self.current[i] = s
-            out.append(None if s is None else (self.questions[s].text, self._info()))
+            q = None if s is None else self.questions[s]
+            out.append(None if q is None else (q.text, self._info(q)))
         return out
+
+    def _answer(self, q: Question, text: str) -> str | None:
+        """The answer as a key comparable with q.correct, None when it answers neither option."""
+        if self.parse is None:
+            answer = unwrap_answer(text).strip().upper()
+            return answer if answer in ("A", "B") else None
+        parsed = self.parse(text)
+        return parsed.action if not parsed.format_error and parsed.action in (q.correct, q.other) else None
 
     def step(self, actions: list[str | None]) -> list[StepResult | None]:
         out = []
@@ -78,14 +92,15 @@ class QuestionVenv:
             if q is None:
                 out.append(None)
                 continue
-            answer = unwrap_answer(text).strip().upper()
-            if answer not in ("A", "B"):
+            answer = self._answer(q, text)
+            if answer is None:
+                what = "answer A or B" if self.parse is None else "write one of the two actions"
                 out.append(
-                    StepResult("Invalid action: answer A or B.", -self.format_penalty, True, self._info(False, True))
+                    StepResult(f"Invalid action: {what}.", -self.format_penalty, True, self._info(q, False, True))
                 )
                 continue
             won = answer == q.correct
-            out.append(StepResult("Correct." if won else "Wrong.", 1.0 if won else 0.0, True, self._info(won)))
+            out.append(StepResult("Correct." if won else "Wrong.", 1.0 if won else 0.0, True, self._info(q, won)))
             self.current[i] = None
         return out
 
@@ -154,7 +169,13 @@ def build_questions(cfg: RunConfig, model, chat, update: int, n: int) -> tuple[l
         if len(questions) < n:
             expert_first = bool(rng.integers(2))
             a, b = (expert, sampled) if expert_first else (sampled, expert)
-            questions.append(Question(question_text(state, a, b), "A" if expert_first else "B", expert, sampled))
+            text = question_text(state, a, b, cfg.act.answer)
+            if cfg.act.answer == "action":
+                parsed = env.parse_action(sampled)
+                other = "" if parsed.format_error else parsed.action  # an unparsable sample is never the answer
+                questions.append(Question(text, env.parse_action(expert).action, expert, sampled, other))
+            else:
+                questions.append(Question(text, "A" if expert_first else "B", expert, sampled))
     env.close()
     return questions, {
         "act/degenerate_frac": degenerate / max(len(states), 1),
@@ -170,5 +191,9 @@ def act_questions(cfg: RunConfig) -> int:
     return max(1, round(cfg.act.mix * cfg.rollout.tasks_per_update))
 
 
+def act_instructions(cfg: RunConfig) -> str:
+    return ACT_ACTION_INSTRUCTIONS if cfg.act.answer == "action" else ACT_INSTRUCTIONS
+
+
 def is_act(episode) -> bool:
-    return episode.instructions == ACT_INSTRUCTIONS
+    return episode.instructions in (ACT_INSTRUCTIONS, ACT_ACTION_INSTRUCTIONS)

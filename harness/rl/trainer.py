@@ -37,9 +37,9 @@ from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
 from harness.rl.act import (
     ACT_GROUP_BASE,
-    ACT_INSTRUCTIONS,
     ACT_SALT,
     QuestionVenv,
+    act_instructions,
     act_questions,
     build_questions,
     is_act,
@@ -397,13 +397,15 @@ class Trainer:
         eps = collect(
             model,
             self.policy.chat,
-            QuestionVenv(questions, len(tasks), c.env.format_penalty),
+            QuestionVenv(
+                questions, len(tasks), c.env.format_penalty, self.env.parse_action if c.act.answer == "action" else None
+            ),
             tasks,
             c,
             turn_budget=1,
             greedy=False,
             generator=_generator(c.train.seed, update, ACT_SALT),
-            instructions=ACT_INSTRUCTIONS,
+            instructions=act_instructions(c),
         )
         return eps, stats
 

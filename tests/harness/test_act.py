@@ -62,11 +62,46 @@ def test_end_to_end_at_equal_episodes(tmp_path, act):
         assert all("act/success" in r and "env/success" in r for r in rows)
 
 
+def test_answers_in_the_action_space():
+    """act.answer action: the pair is shown as two actions, the answer is parsed by the environment;
+    the expert's action wins, the sampled one loses, anything else is a format error."""
+    from harness.rl.act import Question, question_text
+
+    fl = make_env("frozenlake")
+    q = Question(question_text("s", "up", "left", "action"), "up", "up", "left", "left")
+    assert "\nup\nleft\nWrite the better action." in q.text and "A:" not in q.text
+    venv = QuestionVenv([q], 4, 0.5, fl.parse_action)
+    assert venv.reset([0, 0, 0, 0])[0][1]["admissible"] == ["up", "left"]
+    out = venv.step(["up", "<answer>left</answer>", "down", "B"])
+    assert [r.reward for r in out] == [1.0, 0.0, -0.5, -0.5]
+    assert [r.info["format_error"] for r in out] == [False, False, True, True]
+
+
+def test_action_answers_end_to_end(env):
+    """On the tiny model, letters are never written (every answer a format error, act/success 0); the
+    action form is answered with actions, so the critic task carries reward variance."""
+    cfg = cfg_of().model_copy(update={"act": cfg_of().act.model_copy(update={"mode": "mixed", "answer": "action"})})
+    t = env.trainer(cfg)
+    questions, _ = build_questions(cfg, t.policy.model, t.policy.chat, update=2, n=4)
+    fl = make_env("frozenlake")
+    for q in questions:
+        assert q.correct == fl.parse_action(q.expert).action and q.expert in q.text and q.sampled in q.text
+    rows = [
+        r
+        for r in baseline_run.run(
+            env.root / "act_action", _merge(QUICK, {"act": {"mode": "mixed", "mix": 0.5, "answer": "action"}})
+        )
+        if "act/format_error_rate" in r
+    ]
+    assert rows and min(r["act/format_error_rate"] for r in rows) < 1.0
+
+
 def test_refusals():
     for bad, words in (
         ({"act": {"mode": "stage", "updates": 10}, "train": {"updates": 10}}, "at least one RL update"),
         ({"act": {"mode": "mixed", "mix": 0.9}, "rollout": {"tasks_per_update": 2}}, "no RL task"),
         ({"act": {"mode": "mixed"}, "rollout": {"concurrent": True}}, "rollout.concurrent"),
+        ({"act": {"mode": "stage", "answer": "action"}, "env": {"mixture": [{"name": "frozenlake"}]}}, "act.answer"),
     ):
         with pytest.raises(ValueError, match=words):
             RunConfig.model_validate(bad)
