@@ -76,8 +76,9 @@ def _generator(seed: int, *salt: int) -> torch.Generator:
 
 class StageForwarder(logging.Handler):
     """Forwards the set-up progress records of `envs.stage` (games, demonstrations, pre-training,
-    the starting evaluation) to the trainer's progress callback as {"stage", "done", "total"},
-    at most one every `every_s` seconds per stage (and always its last one)."""
+    the starting evaluation) to the trainer's progress callback as {"stage", "done", "total",
+    "update": 0} (update 0: before the first update, for callbacks that only read "update"), at
+    most one every `every_s` seconds per stage (and always its last one)."""
 
     def __init__(self, progress: ProgressFn, every_s: float = 2.0):
         super().__init__(logging.INFO)
@@ -91,7 +92,7 @@ class StageForwarder(logging.Handler):
         now = time.monotonic()
         if total is not None and done >= total or now - self.last.get(stage, -1e9) >= self.every_s:
             self.last[stage] = now
-            self.forward({"stage": stage, "done": done, "total": total})
+            self.forward({"stage": stage, "done": done, "total": total, "update": 0})
 
     def __enter__(self) -> StageForwarder:
         logging.getLogger(STAGE_LOGGER).addHandler(self)

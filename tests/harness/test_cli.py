@@ -228,7 +228,8 @@ def test_the_trainer_reports_its_set_up_steps_before_the_first_update(tmp_path, 
     logger = RunLogger(tmp_path / "run")
     train(RunConfig.model_validate(cfg), tmp_path / "run", logger, seen.append)
     logger.close("done")
-    first = next(i for i, s in enumerate(seen) if "update" in s)
+    first = next(i for i, s in enumerate(seen) if "stage" not in s)
+    assert all(s["update"] == 0 for s in seen[:first]) and seen[first]["update"] == 1
     stages = [s["stage"] for s in seen[:first]]
     assert all("stage" in s for s in seen[:first]) and not any("stage" in s for s in seen[first:])
     assert any(s.startswith("expert episodes (frozenlake)") for s in stages)
