@@ -59,7 +59,8 @@ class MixtureMember(EnvOptions):
 
 class MixtureOptions(EnvOptions):
     members: list[MixtureMember] = Field(
-        default_factory=list, description="the environments mixed: [{name, options, weight, label}, ...]"
+        default_factory=list,
+        description="the environments mixed; set them as env.mixture: [{name, options, weight, label}, ...]",
     )
 
     @model_validator(mode="after")

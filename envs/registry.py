@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any, get_origin
+from typing import Any, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -106,4 +106,7 @@ def describe() -> list[dict]:
 def _type_name(annotation: Any) -> str:
     if get_origin(annotation) is None and hasattr(annotation, "__name__"):
         return annotation.__name__
+    args = get_args(annotation)
+    if get_origin(annotation) is list and len(args) == 1 and hasattr(args[0], "model_fields"):
+        return f"list[{{{', '.join(args[0].model_fields)}}}]"  # a list of option records (a mixture's members)
     return str(annotation).replace("typing.", "")
