@@ -125,6 +125,7 @@ class SweepProgress:
             if new:
                 run.stage_started, run.stage_done0 = now, done
             run.stage = (name, done, None if total is None else int(total))
+            run.last_tick = now  # the first update's time counts from the end of set-up, not from the start
             finished = total is not None and done >= int(total)
         if self.plain and (new or finished or now - run.last_print >= min(self.plain_every_s, 10.0)):
             run.last_print = now

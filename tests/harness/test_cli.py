@@ -199,6 +199,8 @@ def test_progress_shows_set_up_steps_with_an_eta_until_the_first_update():
     plain.point_update("p1", {"stage": "pre-training", "done": 0, "total": 40})
     plain.point_update("p1", {"stage": "pre-training", "done": 10, "total": 40})
     plain.point_update("p1", {"stage": "games", "done": 3, "total": None})
+    set_up_over = plain.running["p1"].last_tick  # the per-update rate starts counting here
+    assert set_up_over > plain.running["p1"].started
     plain.point_update("p1", {"update": 1, "updates": 3, "success": 0.5})
     plain.point_update("p1", {"stage": "late", "done": 1, "total": 2})  # after the first update: ignored
     text = buf.getvalue()
