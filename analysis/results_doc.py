@@ -79,7 +79,7 @@ def _notes(notes_dir: Path, name: str) -> str:
     return f"_No notes yet: write `{p.as_posix()}` (the comparison with the papers goes there)._"
 
 
-def per_env_metrics(results) -> list[str]:
+def env_table_metrics(results) -> list[str]:
     """For a sweep on a mixture of environments (env.mixture): its leading metric on each member,
     e.g. final/eval_sampled/success -> final/eval_sampled/<env>/success for every env recorded."""
     lead = results.attrs["sweep"].raw.get("metric") if "sweep" in results.attrs else None
@@ -107,7 +107,7 @@ def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> l
     lines += [to_markdown(table, footer=False).rstrip(), ""]
     if table.missing:
         lines += ["Missing or unfinished:", ""] + [f"- {m}" for m in table.missing] + [""]
-    for metric in per_env_metrics(results):  # a mixture of environments: the same table per member
+    for metric in env_table_metrics(results):  # a mixture of environments: the same table per member
         lines += [f"Environment `{task_env(metric)}` alone (`-m {metric}`):", ""]
         lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
     try:

@@ -35,7 +35,7 @@ from pydantic import Field, field_validator
 
 from envs import alfworld_gen
 from envs.registry import ENVS
-from envs.stage import report
+from envs.stage import count
 from envs.text_game import (
     GameView,
     TextGameEnv,
@@ -52,7 +52,6 @@ for _package in ("textworld", "fast_downward"):  # both are imported on first us
         raise ImportError(f"ALFWorld games need the {_package} package (pip install 'textworld[pddl]' alfworld)")
 GEN_VERSION = 1  # bump when the generator changes what a seed produces
 GENERATION_ATTEMPTS = 10
-_GENERATED = [0]  # games this process generated (progress only)
 HIDDEN_COMMANDS = ("help",)  # its feedback is a long command reference
 _USER_DATA = os.environ.get("ALFWORLD_DATA")  # before `import alfworld` overwrites it
 DOWNLOAD_HELP = (
@@ -274,8 +273,7 @@ class AlfWorld(TextGameEnv):
                 data.update(solvable=True, walkthrough=plan)
                 path = tmp / "game.tw-pddl"
                 path.write_text(json.dumps(data))
-                _GENERATED[0] += 1
-                report("ALFWorld games generated and planned in this process (then cached on disk)", _GENERATED[0])
+                count("ALFWorld games generated and planned in this process (then cached on disk)")
                 return path
         raise RuntimeError(
             f"could not generate a solvable ALFWorld {task_type} game for seed {seed} in {GENERATION_ATTEMPTS} attempts"

@@ -104,10 +104,6 @@ class Env(ABC):
         per environment unless the environment has several (ALFWorld's six task types)."""
         return self.name
 
-    def instructions_for(self, seed: int) -> str:
-        """The instructions of task `seed` (a mixture's differ per member; here: `instructions`)."""
-        return self.instructions
-
     def env_label(self, seed: int) -> str:
         """The environment task `seed` comes from, as metrics and `env_std` name it (a mixture's member)."""
         return self.name

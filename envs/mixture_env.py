@@ -185,9 +185,6 @@ class Mixture(Env):
         names = ", ".join(m.label for m in self.options.members)
         return f"One of several tasks ({names}); each episode states its own rules."
 
-    def instructions_for(self, seed: int) -> str:
-        return self._member(self.decode(seed, self.options)[0]).instructions
-
     def task_type(self, seed: int) -> str:
         return self.member_label(seed)
 
@@ -217,3 +214,9 @@ class Mixture(Env):
     def close(self) -> None:
         for env in self._envs.values():
             env.close()
+
+
+def member_labels(env: Env):
+    """`env.env_label` (task seed -> member label) when `env` is a mixture, so metrics come per member;
+    None for a single environment (its metrics stay as they were)."""
+    return env.env_label if isinstance(env, Mixture) else None

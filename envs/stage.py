@@ -18,6 +18,15 @@ _log = logging.getLogger(STAGE_LOGGER)
 _log.setLevel(logging.INFO)  # records reach whatever handler is attached (Python's last resort shows WARNING+ only)
 
 
+_COUNTS: dict[str, int] = {}  # per-process running counts of `count`
+
+
+def count(stage: str) -> None:
+    """One more unit of an open-ended `stage` (e.g. a game generated); reported with no total."""
+    _COUNTS[stage] = _COUNTS.get(stage, 0) + 1
+    report(stage, _COUNTS[stage])
+
+
 def report(stage: str, done: int, total: int | None = None) -> None:
     """`done` of `total` units of `stage` are finished (total None: unknown)."""
     if _log.hasHandlers():  # skip building the record when nobody listens

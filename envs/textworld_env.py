@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import Field
 
 from envs.registry import ENVS
-from envs.stage import report
+from envs.stage import count
 from envs.text_game import (
     GameView,
     TextGameEnv,
@@ -70,9 +70,6 @@ class TextWorldOptions(TextGameOptions):
     )
 
 
-_GENERATED = [0]  # games this process generated (progress only)
-
-
 def game_path(options: TextWorldOptions, seed: int) -> Path:
     """The cached game of task `seed` (generated on first use)."""
     tag = f"w{options.world_size}-o{options.nb_objects}-q{options.quest_length}-tw{TEXTWORLD_VERSION}"
@@ -109,8 +106,7 @@ def _generate(options: TextWorldOptions, seed: int, path: Path) -> Path:
             last_error = RuntimeError("the generated game has no walkthrough")
             continue
         out = Path(compile_game(game, game_options))
-        _GENERATED[0] += 1
-        report("TextWorld games generated in this process (then cached on disk)", _GENERATED[0])
+        count("TextWorld games generated in this process (then cached on disk)")
         return out
     raise RuntimeError(
         f"TextWorld could not generate a game for seed {seed} with world_size="

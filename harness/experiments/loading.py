@@ -313,7 +313,7 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
         value = get_dotted(dump, key)
         if value is not MISSING and value not in registry:
             problems.append(choice_message(key, value, registry.names()) + _origin_note(key, origins))
-    mixture_problems = _resolve_mixture(cfg, origins) if cfg.env.mixture else []
+    mixture_problems = _mixture_problems(cfg, origins) if cfg.env.mixture else []
     problems += mixture_problems
     try:
         options_model = env_class(cfg.env.name).Options
@@ -336,10 +336,11 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
     return cfg
 
 
-def _resolve_mixture(cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
-    """env.mixture -> env.name `mixture` with the members as env.options (envs/mixture_env.py);
-    problems name env.mixture.<i>.<key>."""
-    from envs.mixture_env import MIXTURE, MixtureMember, MixtureOptions
+def _mixture_problems(cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
+    """What is wrong with env.mixture, each problem naming env.mixture.<i>.<key> (the schema has made
+    the members env.options of env `mixture`; once they are valid, the options check below fills them
+    in like any environment's)."""
+    from envs.mixture_env import MixtureMember, MixtureOptions
 
     problems, members = [], []
     for i, raw in enumerate(cfg.env.mixture):
@@ -356,10 +357,9 @@ def _resolve_mixture(cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
     if problems:
         return problems
     try:
-        options = MixtureOptions(members=members).model_dump(mode="json")
+        MixtureOptions(members=members)
     except ValidationError as e:
         return [f"env.mixture: {err['msg'].removeprefix('Value error, ')}" for err in e.errors(include_url=False)]
-    cfg.env.name, cfg.env.options = MIXTURE, options
     return []
 
 

@@ -20,6 +20,7 @@ class PolicyEvaluator:
 
     def __init__(self, point: Path, cfg: RunConfig, checkpoint: str, device: str):
         from envs import make_env
+        from envs.mixture_env import member_labels
 
         self.cfg = cfg
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -36,7 +37,7 @@ class PolicyEvaluator:
         self.policy.model.eval()
         env = make_env(cfg.env.name, cfg.env.options)
         self.instructions, self.markers = env.instructions, env.observation_markers
-        self.env_of = env.env_label if cfg.env.name == "mixture" else None
+        self.env_of = member_labels(env)
         env.close()
         self.budget = turn_budget_at(max(planned_updates(cfg) - 1, 0), cfg.turns)  # the last update's budget
         self._venv = VenvPool(cfg.env)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from envs.registry import env_class
 from envs.stage import report
 from harness.config.schema import RunConfig
 from harness.diagnostics.episode_metrics import episode_metrics, per_env_metrics
@@ -128,11 +129,10 @@ def start_key(cfg: RunConfig, policy_info: dict) -> str:
     ):  # the evaluation plays the trainer's model, never the sampler's
         dump["rollout"].pop(key)
     dump["train"] = {k: dump["train"][k] for k in _TRAIN_KEYS_AT_START}
-    if cfg.env.mixture:  # a mixture's weights only decide which tasks RL trains on
-        from envs.registry import env_class
-
-        dump["env"]["options"] = env_class(cfg.env.name).cache_options(cfg.env.options)
-        dump["env"].pop("mixture")
+    # the environment as what decides its tasks and models (a mixture's weights only decide which
+    # tasks RL trains on; env.mixture is already in env.options)
+    dump["env"]["options"] = env_class(cfg.env.name).cache_options(cfg.env.options)
+    dump["env"].pop("mixture")
     models = {k: policy_info.get(k) for k in ("base", "sft")}
     code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key)
     return content_hash({"config": dump, "models": models, "code": code})

@@ -26,7 +26,7 @@ import torch
 from algorithms import GROUP_FILTER
 from algorithms.types import EmptyBatchError, FilterParams
 from envs import ENVS, make_env
-from envs.mixture_env import MIXTURE
+from envs.mixture_env import member_labels
 from envs.stage import STAGE_LOGGER
 from harness.config.schema import RunConfig, axis_params
 from harness.diagnostics.collapse import CollapseMonitor, cross_prompt_similarity
@@ -94,11 +94,11 @@ class StageForwarder(logging.Handler):
             self.last[stage] = now
             self.forward({"stage": stage, "done": done, "total": total, "update": 0})
 
-    def __enter__(self) -> StageForwarder:
+    def attach(self) -> StageForwarder:
         logging.getLogger(STAGE_LOGGER).addHandler(self)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def detach(self) -> None:
         logging.getLogger(STAGE_LOGGER).removeHandler(self)
 
 
@@ -108,11 +108,11 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress or (lambda _: None)
         # set-up progress (tiny model, SFT, games, the starting evaluation) until the first update
-        self.stages = StageForwarder(self.progress).__enter__()
+        self.stages = StageForwarder(self.progress).attach()
         try:
             self._setup(cfg)
         except BaseException:
-            self.stages.__exit__()
+            self.stages.detach()
             raise
 
     def _setup(self, cfg: RunConfig) -> None:
@@ -137,7 +137,7 @@ class Trainer:
         self.instructions = self.env.instructions
         self.markers = self.env.observation_markers
         # env.mixture: metrics of every member apart (env/<label>/..., eval_<mode>/<label>/...)
-        self.env_of = self.env.env_label if cfg.env.name == MIXTURE else None
+        self.env_of = member_labels(self.env)
         self.train_pool = (
             ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
             if cfg.env.train_tasks
@@ -154,7 +154,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollouts
     def close(self) -> None:
-        self.stages.__exit__()
+        self.stages.detach()
         if self.concurrent is not None:
             self.concurrent.close()
         self._venv.close()
@@ -299,7 +299,7 @@ class Trainer:
             self.logger.log(0, init)
             self._track_best(0, init)
         last_eval: dict[str, float] = state.get("last_eval") or state["init_eval"] or {}
-        self.stages.__exit__()  # set-up is over: from here on the updates are the progress
+        self.stages.detach()  # set-up is over: from here on the updates are the progress
         t_start = time.time()
         cost = state.setdefault("cost", {"episodes": 0.0, "generated_tokens": 0.0})
         wall_before = cost.get("wall_s", 0.0)  # wall time of earlier attempts (resume)

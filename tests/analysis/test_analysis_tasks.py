@@ -162,7 +162,7 @@ def _as_mixture(root):
 
 def test_a_mixture_gets_a_paired_table_per_environment(sweep):
     from analysis.load import load_results
-    from analysis.results_doc import per_env_metrics
+    from analysis.results_doc import env_table_metrics
     from analysis.tasks import task_env, task_metric
 
     assert task_metric("final/eval_sampled/sokoban/success") == ("final", "sampled", "success")
@@ -170,7 +170,7 @@ def test_a_mixture_gets_a_paired_table_per_environment(sweep):
         task_env("final/eval_sampled/sokoban/success") == "sokoban" and task_env("final/eval_sampled/success") is None
     )
     root = _as_mixture(sweep)
-    assert per_env_metrics(load_results(root)) == ["final/eval_greedy/a/success", "final/eval_greedy/b/success"]
+    assert env_table_metrics(load_results(root)) == ["final/eval_greedy/a/success", "final/eval_greedy/b/success"]
     t = table_for(root, ["final/eval_greedy/a/success"])
     assert "held-out success rate on a, greedy decoding, 4 held-out tasks x 1 sample each" in t.caption
     d = data(root, "final/eval_greedy/a/success")

@@ -72,3 +72,10 @@ def interruptible() -> None:
     a background job (a non-interactive shell starts those with SIGINT ignored, and an ignored signal
     stays ignored across exec, so Python would never raise KeyboardInterrupt)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_interruptible(cmd: list[str], cwd, env: dict[str, str]) -> subprocess.Popen:
+    """A CLI process a test will signal: output and errors merged as text, Ctrl-C deliverable."""
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible
+    )

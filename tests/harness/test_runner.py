@@ -15,7 +15,7 @@ from typing import Any
 
 import fake_trainer
 import pytest
-from pause import interruptible, pause_at, paused, resume, wait_until
+from pause import pause_at, paused, resume, start_interruptible, wait_until
 
 from harness.experiments.point import RunOptions, read_status, run_point
 from harness.experiments.runner import plan, run_sweep
@@ -313,15 +313,7 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_repeats_nothing(tmp_path, worker
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     sweep, dirs, cmd = _cli_sweep(tmp_path, "1.0e-4, 2.0e-4", 40, workers=2)
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=_cli_env(FAKE_PAUSE_AT="3"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=interruptible,
-    )
+    proc = start_interruptible(cmd, tmp_path, _cli_env(FAKE_PAUSE_AT="3"))
     wait_until(lambda: all(map(paused, dirs)), proc)  # both points wait after update 3 for the signal
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)

@@ -19,7 +19,7 @@ import pytest
 import tune_fake_trainer
 import yaml
 from optuna.trial import TrialState
-from pause import RESUME, interruptible, paused, resume, wait_until
+from pause import RESUME, paused, resume, start_interruptible, wait_until
 
 from harness.config.errors import ConfigError
 from harness.experiments.study import load_study
@@ -159,14 +159,10 @@ def _interrupt_after_two_trials(tmp_path: Path, sig: int, **over) -> tuple[Path,
     Every trial stops after update 2 until this lets it go: the first two are let go, the third is
     where the signal arrives."""
     path, results = study_file(tmp_path, **over), tmp_path / "results"
-    proc = subprocess.Popen(
+    proc = start_interruptible(
         [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"],
-        cwd=REPO,
-        env=cli_env(FAKE_PAUSE_AT="2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=interruptible,
+        REPO,
+        cli_env(FAKE_PAUSE_AT="2"),
     )
 
     def waiting() -> list[Path]:
