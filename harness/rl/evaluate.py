@@ -56,6 +56,10 @@ def task_row(update: int, mode: str, sample: int, ep: Episode, env: str | None =
         "return": float(ep.outcome),
         "turns": int(ep.num_turns),
     }
+    final = ep.steps[-1].info if ep.steps else {}
+    if "true_won" in final:  # a reward-hacking probe: the truth and the exploit, per episode
+        row["true_success"] = int(bool(final["true_won"]))
+        row["exploit"] = int(bool(final.get("exploit", False)))
     if env is not None:
         row["env"] = env
     return row
