@@ -110,6 +110,9 @@ def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> l
     for metric in env_table_metrics(results):  # a mixture of environments: the same table per member
         lines += [f"Environment `{task_env(metric)}` alone (`-m {metric}`):", ""]
         lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
+    for metric in meta.raw.get("tables") or []:  # the sweep file's `tables:`, each led by its metric
+        lines += [f"`-m {metric}`:", ""]
+        lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
     try:
         pngs = make_plots(folder, out_dir=figures / sf.name, formats=("png",))
     except AnalysisError as e:

@@ -14,7 +14,13 @@ from analysis.load import FINISHED
 from analysis.stats import CONFIDENCE
 from analysis.tasks import Scores, task_env, task_metric
 
-FIELD_WORDS = {"success": "success rate", "return": "episode return", "turns": "turns per episode"}
+FIELD_WORDS = {
+    "success": "success rate",
+    "return": "episode return",
+    "turns": "turns per episode",
+    "true_success": "true success rate (the outcome a probe's proxy reward stands for)",
+    "exploit_rate": "exploit rate (episodes whose trace shows the probe's exploit)",
+}
 MIN_SEEDS_WARNING = 3
 
 

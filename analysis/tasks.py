@@ -2,8 +2,9 @@
 
 `<point>/eval_tasks.jsonl` holds one row per evaluated episode:
     {"update", "mode": "greedy"|"sampled", "task", "sample", "success", "return", "turns"}
-(a reward-hacking probe adds "true_success" and "exploit", 0/1 each) and, for a mixture of environments (env.mixture), the member's label as "env"; a per-environment
-metric (final/eval_sampled/<env>/success) is then scored on that member's tasks only.
+(a reward-hacking probe adds "true_success" and "exploit_rate", 0/1 per episode) and, for a
+mixture of environments (env.mixture), the member's label as "env"; a per-environment metric
+(final/eval_sampled/<env>/success) is then scored on that member's tasks only.
 Update 0 is the evaluation before RL (start), a point's last evaluated update is its final one.
 Every point of a sweep evaluates the same tasks with the same per-(task, sample) sampling seeds,
 so scores pair across points, seeds and updates by task (common random numbers).
@@ -26,7 +27,7 @@ import pandas as pd
 
 TASK_FILE = "eval_tasks.jsonl"
 MODES = ("greedy", "sampled")
-FIELDS = ("success", "return", "turns", "true_success", "exploit")  # the last two: probes only
+FIELDS = ("success", "return", "turns", "true_success", "exploit_rate")  # the last two: probes only
 COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS, "env")
 EPISODE_KEYS = ("perf/episodes", "env/episodes")  # episodes generated per update (refills included)
 TOKEN_KEYS = ("perf/rollout_tokens",)

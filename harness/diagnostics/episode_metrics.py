@@ -22,6 +22,9 @@ EVAL_METRICS = (
     "constrained_mass",
 )
 
+# what `probe_metrics` adds for an environment that reports its true outcome (reward-hacking probes)
+PROBE_METRICS = ("true_success", "proxy_success", "exploit_rate", "hack_rate")
+
 
 def _mean(xs) -> float:
     xs = list(xs)

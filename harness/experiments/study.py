@@ -41,7 +41,7 @@ from pydantic import (
 )
 
 from harness.config.errors import ConfigError
-from harness.diagnostics.episode_metrics import EVAL_METRICS
+from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
 from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
     apply_overrides,
@@ -202,7 +202,7 @@ def load_study(path: str | Path) -> TuneStudy:
 
 def objective_metrics() -> list[str]:
     """The held-out evaluation metrics the trainer writes to metrics.jsonl (and reports to pruners)."""
-    return [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS]
+    return [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS + PROBE_METRICS]
 
 
 def _objective_problems(objective: ObjectiveSpec) -> list[str]:

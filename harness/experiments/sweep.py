@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
-from harness.diagnostics.episode_metrics import EVAL_METRICS
+from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
 from harness.experiments.base_config import base_manifest, base_signature, excluded_keys
 from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.loading import (
@@ -57,6 +57,16 @@ SEED_KEY = "train.seed"
 SLUG_MAX = 64
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep's (or a run's --name) results folder
+
+
+def _held_out(value: str) -> str:
+    """`value` if it names a metric of the held-out evaluation, else a ValueError with the choices."""
+    names = [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS + PROBE_METRICS]
+    if value not in names:
+        near = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"not a metric of the held-out evaluation.{hint} Choose one of: {', '.join(names)}")
+    return value
 
 
 class SweepSpec(BaseModel):
@@ -83,17 +93,23 @@ class SweepSpec(BaseModel):
         description="The held-out metric the sweep's table leads with (its start, final, gain and Δ columns).",
     )
 
+    tables: list[str] = Field(
+        default_factory=list,
+        description="More held-out metrics tabulated under the lead one in docs/results.md (e.g. a probe's "
+        "eval_sampled/exploit_rate next to its true success).",
+    )
+
     _base_kind = field_validator("base", mode="before")(check_base_kind)
 
     @field_validator("metric")
     @classmethod
     def _held_out_metric(cls, value: str) -> str:
-        names = [f"eval_{mode}/{name}" for mode in ("greedy", "sampled") for name in EVAL_METRICS]
-        if value not in names:
-            near = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
-            hint = f" Did you mean {near[0]!r}?" if near else ""
-            raise ValueError(f"not a metric of the held-out evaluation.{hint} Choose one of: {', '.join(names)}")
-        return value
+        return _held_out(value)
+
+    @field_validator("tables")
+    @classmethod
+    def _held_out_metrics(cls, values: list[str]) -> list[str]:
+        return [_held_out(v) for v in values]
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -126,6 +142,7 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
     command: str = ""  # the command line that expands to these points
     metric: str = "eval_greedy/success"  # the held-out metric its table leads with
+    tables: list[str] = field(default_factory=list)  # more held-out metrics for docs/results.md
 
     def base_config(self) -> dict[str, Any]:
         """The base signature of the sweep (harness.experiments.base_config): the baseline's
@@ -155,6 +172,7 @@ class Sweep:
             "baseline_variant": self.baseline,
             "seeds": self.seeds,
             "metric": f"final/{self.metric}",
+            **({"tables": [f"final/{m}" for m in self.tables]} if self.tables else {}),
             **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
             "points": [
@@ -399,7 +417,16 @@ def load_sweep(
     command = ["harness", "sweep", str(path)] + [a for o in base_overrides for a in ("-o", o)]
     command += ["--seeds", ",".join(map(str, seeds))] if seeds is not None else []
     return Sweep(
-        spec.name, spec.description, path, axes, baseline, list(spec.seeds), points, shlex.join(command), spec.metric
+        spec.name,
+        spec.description,
+        path,
+        axes,
+        baseline,
+        list(spec.seeds),
+        points,
+        shlex.join(command),
+        spec.metric,
+        list(spec.tables),
     )
 
 

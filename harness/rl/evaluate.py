@@ -59,7 +59,7 @@ def task_row(update: int, mode: str, sample: int, ep: Episode, env: str | None =
     final = ep.steps[-1].info if ep.steps else {}
     if "true_won" in final:  # a reward-hacking probe: the truth and the exploit, per episode
         row["true_success"] = int(bool(final["true_won"]))
-        row["exploit"] = int(bool(final.get("exploit", False)))
+        row["exploit_rate"] = int(bool(final.get("exploit", False)))  # named as its metric, like success
     if env is not None:
         row["env"] = env
     return row

@@ -55,3 +55,42 @@ def test_results_doc_covers_every_shipped_sweep_and_keeps_the_notes(tmp_path):
 def test_results_doc_bad_root_is_one_paragraph_exit_2(tmp_path):
     r = cli("results-doc", tmp_path / "nope", "--out", tmp_path / "r.md", "--sweeps", tmp_path)
     assert r.exit_code == 2 and "is not a results root" in r.output and "Traceback" not in r.output
+
+
+def test_probe_sweeps_lead_with_true_success_and_tabulate_the_sweep_files_tables(tmp_path):
+    """A reward-hacking probe's rows carry true_success and exploit_rate per episode: the table pairs
+    them by task like success, and the sweep file's `tables:` become more tables under the lead one."""
+    import json
+
+    root, sweeps, docs = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs"
+    make_task_sweep(root / "filters")
+    for f in (root / "filters").glob("*/eval_tasks.jsonl"):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        for r in rows:  # the truth: success on even tasks only; the exploit: success on odd ones
+            r["true_success"] = r["success"] * (r["task"] % 2 == 0)
+            r["exploit_rate"] = r["success"] * (r["task"] % 2 == 1)
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = json.loads((f.parent / "summary.json").read_text())  # what the run's summary records
+        for when in ("init", "final"):
+            for name in ("true_success", "exploit_rate"):
+                summary["metrics"][f"{when}/eval_greedy/{name}"] = 0.0  # (the table reads the task rows)
+        (f.parent / "summary.json").write_text(json.dumps(summary))
+    manifest = json.loads((root / "filters" / "sweep.json").read_text())
+    manifest["metric"] = "final/eval_greedy/true_success"
+    manifest["tables"] = ["final/eval_greedy/exploit_rate"]
+    (root / "filters" / "sweep.json").write_text(json.dumps(manifest))
+    sweeps.mkdir()
+    (sweeps / "filters.yaml").write_text("name: filters\n")
+    out = docs / "results.md"
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 0, r.output
+    text = out.read_text().split("## filters")[1]
+    lead, more = text.split("`-m final/eval_greedy/exploit_rate`:")
+    assert "true success rate" in lead and "exploit rate" in more.split("### Notes")[0]
+    # none: tasks 0..2+u/2 (seed 2 one more) solved in greedy decoding; even tasks are true successes.
+    # Start (u = 0): tasks 0, 1 (and 2 on seed 2) -> true 1 + 1 + 2 of 24 = 0.17, exploit 3/24 = 0.12.
+    def start(table: str) -> str:  # the baseline row's start column, without its ± spread
+        row = next(line for line in table.splitlines() if line.startswith("| none"))
+        return row.split("|")[3].split("±")[0].strip()
+
+    assert start(lead) == "0.17" and start(more) in ("0.12", "0.13")  # 3/24 = 0.125

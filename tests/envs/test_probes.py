@@ -96,7 +96,7 @@ def test_probe_episodes_carry_truth_and_exploit_into_eval_task_rows():
     from harness.rl.evaluate import task_row
 
     probe = task_row(10, "sampled", 0, _ep(True, False, True))
-    assert probe["success"] == 1 and probe["true_success"] == 0 and probe["exploit"] == 1
+    assert probe["success"] == 1 and probe["true_success"] == 0 and probe["exploit_rate"] == 1
     plain = task_row(10, "sampled", 0, Episode(0, 0, "", [StepRecord(0, [1], None, [2], [0.0], "a", "o")], won=True))
     assert set(plain) == {"update", "mode", "task", "sample", "success", "return", "turns"}  # unchanged rows
 

@@ -238,3 +238,23 @@ def test_base_overrides_and_seeds_for_smoke_runs(tmp_path):
         load_sweep(path, ["rollout.group_size=0"])
     with pytest.raises(ConfigError, match="duplicates"):
         load_sweep(path, seeds=[1, 1])
+
+
+def test_the_sweep_files_tables_are_held_out_metrics_and_reach_the_manifest(tmp_path):
+    from harness.experiments.sweep import load_sweep
+
+    base = "base: {model: {name: tiny}, env: {name: frozenlake, options: {checker: lenient}}}\n"
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "name: probe\n" + base + "points: [{label: a}, {label: b, algo.kl.coef: 0.0}]\nseeds: [0, 1, 2]\n"
+        "baseline: a\nmetric: eval_sampled/true_success\ntables: [eval_sampled/exploit_rate]\n"
+    )
+    manifest = load_sweep(good).manifest()
+    assert manifest["metric"] == "final/eval_sampled/true_success"
+    assert manifest["tables"] == ["final/eval_sampled/exploit_rate"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("tables: [eval_sampled/exploit_rate]", "tables: [eval_sampled/exploit]"))
+    with pytest.raises(ConfigError) as e:
+        load_sweep(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and "tables" in msg and "eval_sampled/exploit_rate" in msg  # did you mean
