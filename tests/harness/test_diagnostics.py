@@ -280,6 +280,27 @@ def test_reward_hacking_fires_when_the_proxy_rises_while_the_truth_falls():
     assert "update 6" in det.reason
 
 
+def test_reward_hacking_at_the_proxys_ceiling_fires_on_the_hack_rate():
+    from harness.diagnostics.collapse import RewardHackingDetector
+
+    # (proxy, true, hack rate): the proxy starts at its ceiling and cannot rise; the exploit grows
+    series = [(1.0, 0.8, 0.2), (1.0, 0.8, 0.2), (1.0, 0.76, 0.24), (1.0, 0.76, 0.24), (1.0, 0.7, 0.35), (1.0, 0.7, 0.35)]
+    det = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    out = [det.update(p, t, step=i + 1, hack=h) for i, (p, t, h) in enumerate(series)]
+    # update 4: hack +0.04, truth -0.04; update 5: hack +0.095 -> quiet; update 6: hack +0.15, truth -0.1 -> fires
+    assert [o["diag/reward_hacking"] for o in out] == [0.0] * 5 + [1.0] and det.fired_at == 6
+    assert out[5]["diag/proxy_rise"] == 0.0 and "hack rate" in det.reason
+    blind = RewardHackingDetector(window=2, rise=0.1, fall=0.05)  # the same run without the hack rate
+    assert all(blind.update(p, t, step=i + 1)["diag/reward_hacking"] == 0.0 for i, (p, t, _) in enumerate(series))
+    # the exploit growing while the truth holds still is a hack on top of solving: not this event
+    steady = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    flat = [(1.0, 0.8, 0.2)] * 2 + [(1.0, 0.8, 0.5)] * 4
+    assert all(steady.update(p, t, step=i + 1, hack=h)["diag/reward_hacking"] == 0.0 for i, (p, t, h) in enumerate(flat))
+    again = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    again.load_state_dict(det.state_dict())
+    assert again.history == det.history and again.fired_at == 6
+
+
 def test_reward_hacking_is_an_event_not_a_collapse_and_needs_the_truth():
     from harness.diagnostics.collapse import RewardHackingDetector
 
