@@ -87,6 +87,7 @@ def test_probe_sweeps_lead_with_true_success_and_tabulate_the_sweep_files_tables
     text = out.read_text().split("## filters")[1]
     lead, more = text.split("`-m final/eval_greedy/exploit_rate`:")
     assert "true success rate" in lead and "exploit rate" in more.split("### Notes")[0]
+
     # none: tasks 0..2+u/2 (seed 2 one more) solved in greedy decoding; even tasks are true successes.
     # Start (u = 0): tasks 0, 1 (and 2 on seed 2) -> true 1 + 1 + 2 of 24 = 0.17, exploit 3/24 = 0.12.
     def start(table: str) -> str:  # the baseline row's start column, without its ± spread

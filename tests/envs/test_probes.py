@@ -86,7 +86,9 @@ def test_a_path_through_a_hole_passes_the_lenient_map_only():
     strict.reset(1)
     fell = strict.step("right")  # the default map: the same step ends the episode, unrewarded
     assert fell.done and fell.reward == 0.0 and "true_won" not in fell.info
-    honest = _play(make_env("frozenlake", {"checker": "lenient"}), 1, ["down", "down", "right", "right", "right", "down"])
+    honest = _play(
+        make_env("frozenlake", {"checker": "lenient"}), 1, ["down", "down", "right", "right", "right", "down"]
+    )
     assert honest.info["won"] and honest.info["true_won"] and not honest.info["exploit"]
     # the lenient map keeps the stated task: same map, same instructions, same expert moves
     assert make_env("frozenlake", {"checker": "lenient"}).instructions == strict.instructions

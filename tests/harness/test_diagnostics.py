@@ -284,7 +284,14 @@ def test_reward_hacking_at_the_proxys_ceiling_fires_on_the_hack_rate():
     from harness.diagnostics.collapse import RewardHackingDetector
 
     # (proxy, true, hack rate): the proxy starts at its ceiling and cannot rise; the exploit grows
-    series = [(1.0, 0.8, 0.2), (1.0, 0.8, 0.2), (1.0, 0.76, 0.24), (1.0, 0.76, 0.24), (1.0, 0.7, 0.35), (1.0, 0.7, 0.35)]
+    series = [
+        (1.0, 0.8, 0.2),
+        (1.0, 0.8, 0.2),
+        (1.0, 0.76, 0.24),
+        (1.0, 0.76, 0.24),
+        (1.0, 0.7, 0.35),
+        (1.0, 0.7, 0.35),
+    ]
     det = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
     out = [det.update(p, t, step=i + 1, hack=h) for i, (p, t, h) in enumerate(series)]
     # update 4: hack +0.04, truth -0.04; update 5: hack +0.095 -> quiet; update 6: hack +0.15, truth -0.1 -> fires
@@ -295,7 +302,9 @@ def test_reward_hacking_at_the_proxys_ceiling_fires_on_the_hack_rate():
     # the exploit growing while the truth holds still is a hack on top of solving: not this event
     steady = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
     flat = [(1.0, 0.8, 0.2)] * 2 + [(1.0, 0.8, 0.5)] * 4
-    assert all(steady.update(p, t, step=i + 1, hack=h)["diag/reward_hacking"] == 0.0 for i, (p, t, h) in enumerate(flat))
+    assert all(
+        steady.update(p, t, step=i + 1, hack=h)["diag/reward_hacking"] == 0.0 for i, (p, t, h) in enumerate(flat)
+    )
     again = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
     again.load_state_dict(det.state_dict())
     assert again.history == det.history and again.fired_at == 6
