@@ -195,6 +195,7 @@ def _child(point: Point, sweep: str, opts: RunOptions, q: Any) -> None:
 
 def _mark_crashed(sweep: str, point: Point, opts: RunOptions, exitcode: int | None) -> dict:
     run_dir = point_dir(opts.results, sweep, point)
+    run_dir.mkdir(parents=True, exist_ok=True)  # a worker can die before it made its folder (at spawn)
     error = f"worker process died with exit code {exitcode} (killed by the OS, out of memory, or a crash)"
     atomic_write_text(run_dir / TRACEBACK, error + "\n")
     atomic_write_text(run_dir / STATUS, "failed\n")

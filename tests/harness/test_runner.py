@@ -242,6 +242,18 @@ def test_workers_run_points_in_processes_and_survive_a_crash(tmp_path, monkeypat
             check_complete(tmp_path / "results" / "s" / p.id, p.seed, p.config.algo.lr, 6)
 
 
+def test_a_worker_that_dies_before_making_its_folder_is_recorded_failed(tmp_path):
+    # seen in a sweep under load: a spawned worker died while unpickling its arguments, before
+    # run_point made the point's folder; recording the crash must not take the sweep down
+    from harness.experiments.runner import _mark_crashed
+
+    sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[0]"))
+    point = sweep.points[0]
+    res = _mark_crashed("s", point, opts(tmp_path), 1)
+    assert res["status"] == "failed" and "exit code 1" in res["error"]
+    assert read_status(tmp_path / "results" / "s" / point.id) == "failed"
+
+
 def test_same_seed_gives_identical_metrics(tmp_path):
     sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[3]"))
     run_sweep(sweep, RunOptions(results=tmp_path / "a", train_fn=fake_trainer.train))
