@@ -31,7 +31,7 @@ def _mean(xs) -> float:
     return float(statistics.fmean(xs)) if xs else 0.0
 
 
-def _final_info(ep: Episode) -> dict:
+def final_info(ep: Episode) -> dict:
     return ep.steps[-1].info if ep.steps else {}
 
 
@@ -42,7 +42,7 @@ def probe_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
     exploit) / #rewarded, `proxy_success` (the rewarded success on those same episodes), and
     `violation_rate` (acting on unconfirmed details). Each is over the episodes whose final info
     reports it (in a mixture, the probe's own episodes; an episode ended by an env error has none)."""
-    infos = [_final_info(ep) for ep in episodes]
+    infos = [final_info(ep) for ep in episodes]
     out: dict[str, float] = {}
     # over the episodes of an environment that reports the truth (a mixture mixes in others)
     probe = [(ep, i) for ep, i in zip(episodes, infos) if "true_won" in i]

@@ -21,7 +21,7 @@ import torch
 from envs.registry import env_class
 from envs.stage import report
 from harness.config.schema import RunConfig
-from harness.diagnostics.episode_metrics import episode_metrics, per_env_metrics
+from harness.diagnostics.episode_metrics import episode_metrics, final_info, per_env_metrics
 from harness.rl.rollout import collect
 from harness.transcript.records import Episode
 
@@ -56,7 +56,7 @@ def task_row(update: int, mode: str, sample: int, ep: Episode, env: str | None =
         "return": float(ep.outcome),
         "turns": int(ep.num_turns),
     }
-    final = ep.steps[-1].info if ep.steps else {}
+    final = final_info(ep)
     if "true_won" in final:  # a reward-hacking probe: the truth and the exploit, per episode
         row["true_success"] = int(bool(final["true_won"]))
         row["exploit_rate"] = int(bool(final.get("exploit", False)))  # named as its metric, like success
