@@ -59,6 +59,17 @@ FAMILIES = (
         (("greedy success", ("eval_greedy/success",)), ("sampled success", ("eval_sampled/success",))),
         ("update", "episodes", "tokens"),
     ),
+    Family(  # reward-hacking probes only: the truth the proxy stands for, and the exploit
+        "probe",
+        "held-out true success and exploit rate of a reward-hacking probe",
+        (
+            ("true success, sampled", ("eval_sampled/true_success",)),
+            ("exploit rate, sampled", ("eval_sampled/exploit_rate",)),
+            ("true success, greedy", ("eval_greedy/true_success",)),
+            ("exploit rate, greedy", ("eval_greedy/exploit_rate",)),
+        ),
+        ("update",),
+    ),
     Family(
         "training",
         "training rollouts",
@@ -345,6 +356,7 @@ def make_plots(
     formats: tuple[str, ...] = FORMATS,
 ) -> dict[str, list[Path]]:
     """Write every figure of a results folder (default into <results>/plots).
-    Returns {"evaluation": [png, svg], "training": [...], "diagnostics": [...]} (or curves_<metric>)."""
+    Returns {"evaluation": [png, svg], "training": [...], "diagnostics": [...]} (or curves_<metric>),
+    and "probe" for a reward-hacking probe's held-out truth and exploit."""
     out = Path(out_dir) if out_dir else Path(path) / "plots"
     return {name: save(fig, out, name, formats) for name, fig in figures(path, metrics).items()}

@@ -107,11 +107,11 @@ def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> l
     lines += [to_markdown(table, footer=False).rstrip(), ""]
     if table.missing:
         lines += ["Missing or unfinished:", ""] + [f"- {m}" for m in table.missing] + [""]
-    for metric in env_table_metrics(results):  # a mixture of environments: the same table per member
-        lines += [f"Environment `{task_env(metric)}` alone (`-m {metric}`):", ""]
-        lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
-    for metric in meta.raw.get("tables") or []:  # the sweep file's `tables:`, each led by its metric
-        lines += [f"`-m {metric}`:", ""]
+    # a mixture of environments: the same table per member; then the sweep file's `tables:`
+    extra = [(f"Environment `{task_env(m)}` alone (`-m {m}`):", m) for m in env_table_metrics(results)]
+    extra += [(f"`-m {m}`:", m) for m in meta.raw.get("tables") or []]
+    for heading, metric in extra:
+        lines += [heading, ""]
         lines += [to_markdown(table_for(folder, metrics=[metric]), footer=False).rstrip(), ""]
     try:
         pngs = make_plots(folder, out_dir=figures / sf.name, formats=("png",))

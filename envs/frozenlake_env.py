@@ -100,9 +100,11 @@ class FrozenLake(TurnEnv):
         self.desc = _task_map(seed, o.size, o.p_frozen)
         self.dist = _distances(self.desc)
         assert (0, 0) in self.dist, "generate_random_map returned a map without a path"
-        # lenient: the dynamics of a map whose holes are ice (gymnasium's holes are absorbing)
-        moves = [row.replace("H", "F") for row in self.desc] if o.checker == "lenient" else list(self.desc)
-        self.gym = GymFrozenLake(desc=moves, is_slippery=o.slippery)
+        # lenient: the dynamics of a map whose holes are ice (gymnasium's holes are absorbing), and
+        # the proxy's distances on it (`score`)
+        moves = tuple(row.replace("H", "F") for row in self.desc) if o.checker == "lenient" else self.desc
+        self.ice_dist = _distances(moves) if o.checker == "lenient" else self.dist
+        self.gym = GymFrozenLake(desc=list(moves), is_slippery=o.slippery)
         self.gym.reset(seed=seed)  # seeds the slip randomness: same seed, same episode
         self.pos = (0, 0)
         self.touched_hole = False
@@ -131,8 +133,7 @@ class FrozenLake(TurnEnv):
 
     def score(self) -> float:
         if self.options.checker == "lenient":  # the proxy's progress: holes are ice to it
-            dist = _distances(tuple(row.replace("H", "F") for row in self.desc))
-            return max(0.0, 1.0 - dist[self.pos] / dist[(0, 0)])
+            return max(0.0, 1.0 - self.ice_dist[self.pos] / self.ice_dist[(0, 0)])
         if self._cell() == "H":
             return 0.0
         d = self.dist.get(self.pos)

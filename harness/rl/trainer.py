@@ -253,16 +253,18 @@ class Trainer:
         (update u trains at turn_budget_at(u - 1); the evaluation before RL uses the first)."""
         return turn_budget_at(max(update - 1, 0), self.cfg.turns)
 
-    def evaluate(self, update: int) -> dict[str, float]:
+    def evaluate(self, update: int) -> tuple[dict[str, float], dict[str, float]]:
         """Held-out evaluation with common random numbers (`harness.rl.evaluate`); one row per
         episode goes to eval_tasks.jsonl for paired comparisons. The evaluation before RL is the
-        starting policy's, the same for every point that shares it: it is computed once and cached."""
+        starting policy's, the same for every point that shares it: it is computed once and cached.
+        The rows also feed the reward-hacking check (held-out, paired with the evaluation before RL);
+        its diag/... metrics are returned apart from the evaluation's, as they are not evaluation metrics."""
         if update == 0:
             metrics, rows = evaluation.cached_start(self.cfg, self.policy.info, cache_dir(), lambda: self._evaluate(0))
         else:
             metrics, rows = self._evaluate(update)
         self.logger.log_eval_tasks(update, rows)
-        return metrics
+        return metrics, self.monitor.heldout(update, rows)
 
     def _evaluate(self, update: int) -> tuple[dict[str, float], list[dict]]:
         eval_plan = evaluation.plan(self.heldout, self.cfg.train.eval_episodes)
@@ -294,7 +296,7 @@ class Trainer:
         if c.rollout.concurrent and start < self.updates:  # starts generating while we evaluate
             self.concurrent = ConcurrentRollout(c, self.policy.model, start, self.updates, rollout_worker)
         if resumed is None:
-            init = self.evaluate(0)
+            init, _ = self.evaluate(0)  # the check's reference: nothing to log yet
             state["init_eval"] = init
             self.logger.log(0, init)
             self._track_best(0, init)
@@ -309,9 +311,10 @@ class Trainer:
             cost["generated_tokens"] += metrics["perf/rollout_tokens"]
             cost["wall_s"] = wall_before + time.time() - t_start
             if c.train.eval_every and update % c.train.eval_every == 0 or update == self.updates:
-                last_eval = self.evaluate(update)
+                last_eval, hacking = self.evaluate(update)
                 state["last_eval"] = last_eval
                 metrics.update(last_eval)
+                metrics.update(hacking)
                 self._track_best(update, last_eval)
             metrics.update(self.monitor.update(update, metrics))
             self.logger.log(update, metrics)

@@ -2,6 +2,7 @@
 panel sizes, the point labels in the legend, grid sweeps in colour x line style, sane axes."""
 
 import json
+from pathlib import Path
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -61,10 +62,25 @@ def make_many_cells(root, n=16):
     return root
 
 
-@pytest.fixture(params=["clip", "tasks+other config", "grid", "many cells"])
+def add_probe_curves(root: Path) -> Path:
+    """The clip sweep as a reward-hacking probe: its evaluation rows also carry the truth and the exploit."""
+    for metrics in root.glob("*/metrics.jsonl"):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for r in rows:
+            if "eval_greedy/success" in r:
+                for mode in ("greedy", "sampled"):
+                    r[f"eval_{mode}/true_success"] = 0.8 * r["eval_greedy/success"]
+                    r[f"eval_{mode}/exploit_rate"] = 0.2 + 0.1 * r["update"] / 10
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture(params=["clip", "tasks+other config", "grid", "many cells", "probe"])
 def sweep_root(request, tmp_path):
     if request.param == "clip":
         return make_clip_sweep(tmp_path / "clip")
+    if request.param == "probe":
+        return add_probe_curves(make_clip_sweep(tmp_path / "probe"))
     if request.param == "grid":
         return make_grid_sweep(tmp_path / "grid")
     if request.param == "many cells":
@@ -77,6 +93,7 @@ def sweep_root(request, tmp_path):
 def test_no_legend_or_title_over_an_axes_and_no_collapsed_axes(sweep_root, tmp_path):
     figs = figures(sweep_root)
     assert {"evaluation", "diagnostics"} <= set(figs)
+    assert ("probe" in figs) == (sweep_root.name == "probe")  # only a probe's runs log a truth
     for name, fig in figs.items():
         assert overlaps(fig) == [], name
         for ax in (a for a in fig.axes if a.get_visible()):  # every panel at the fixed size

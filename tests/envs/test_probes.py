@@ -123,3 +123,45 @@ def test_probe_metrics_by_hand():
     probe_keys = ("env/true_success", "env/proxy_success", "env/exploit_rate", "env/hack_rate")
     assert {k: mixed[k] for k in probe_keys} == {k: m[k] for k in probe_keys}
     assert mixed["env/proxy_success"] == 0.75 and mixed["env/true_success"] == 0.25
+
+
+def test_training_on_a_probe_logs_the_paired_heldout_check(tmp_path):
+    """Two updates on the lenient FrozenLake map: every evaluation after the first logs the held-out
+    check, and its change is the paired difference of the eval_tasks.jsonl rows (recomputed here
+    from the rows, sampled mode); the event and the flag agree."""
+    import json
+
+    from harness.config.schema import RunConfig
+    from harness.experiments.tracking import RunLogger
+    from harness.rl.trainer import train
+    from tests.harness import baseline_run
+    from tests.harness.test_invariance import _merge
+
+    cfg = RunConfig.model_validate(
+        _merge(
+            baseline_run.CONFIG,
+            {
+                "env": {"options": {"checker": "lenient"}, "heldout_tasks": 8},
+                "turns": {"max": 8},
+                "train": {"eval_every": 1, "eval_episodes": 8},
+            },
+        )
+    )
+    out = tmp_path / "run"
+    logger = RunLogger(out)
+    summary = train(cfg, out, logger)
+    logger.close("done")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    tasks = [json.loads(line) for line in (out / "eval_tasks.jsonl").read_text().splitlines()]
+    start = {(r["task"], r["sample"]): r for r in tasks if r["update"] == 0 and r["mode"] == "sampled"}
+    assert "diag/heldout_true_change" not in rows[0]
+    assert 0 < sum(r["true_success"] + r["exploit_rate"] for r in tasks)  # the flags are exercised
+    for row in rows[1:]:
+        now = [r for r in tasks if r["update"] == row["update"] and r["mode"] == "sampled"]
+        for field in ("true", "exploit"):
+            key = "true_success" if field == "true" else "exploit_rate"
+            d = [r[key] - start[(r["task"], r["sample"])][key] for r in now]
+            assert row[f"diag/heldout_{field}_change"] == pytest.approx(sum(d) / len(d))
+        assert "diag/proxy_true_gap" in row and row["diag/reward_hacking"] in (0.0, 1.0)
+    fired = [e for e in summary["collapse_events"] if e["reason"] == "reward_hacking"]
+    assert rows[-1]["diag/reward_hacking"] == float(bool(fired))

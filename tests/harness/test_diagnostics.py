@@ -262,68 +262,96 @@ def test_a_transient_kl_spike_is_a_warning_and_a_blowup_is_a_collapse():
     assert [o["diag/collapsed"] for o in outs] == [0.0, 1.0, 1.0]
 
 
-def test_reward_hacking_fires_when_the_proxy_rises_while_the_truth_falls():
+def test_reward_hacking_training_windows_are_curves_not_the_event():
     from harness.diagnostics.collapse import RewardHackingDetector
 
-    det = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
-    # (proxy, true) per update; reference = mean of updates 1-2 = (0.5, 0.5)
-    series = [(0.5, 0.5), (0.5, 0.5), (0.6, 0.5), (0.6, 0.5), (0.7, 0.44), (0.7, 0.44)]
-    out = [det.update(p, t, step=i + 1) for i, (p, t) in enumerate(series)]
-    assert out[0]["diag/proxy_true_gap"] == 0.0 and "diag/proxy_rise" not in out[2]  # no reference window yet
-    # update 4: last two = (0.6, 0.5): rise 0.1 but the truth held -> quiet (a hack on top of solving)
-    assert out[3]["diag/proxy_rise"] == pytest.approx(0.1) and out[3]["diag/true_change"] == 0.0
-    assert out[3]["diag/reward_hacking"] == 0.0
-    # update 5: last two = (0.65, 0.47): truth down 0.03 < fall -> quiet; update 6: (0.7, 0.44) -> fires
-    assert out[4]["diag/reward_hacking"] == 0.0
-    assert out[5]["diag/reward_hacking"] == 1.0 and det.fired_at == 6
-    assert out[5]["diag/proxy_true_gap"] == pytest.approx(0.26)
-    assert "update 6" in det.reason
-
-
-def test_reward_hacking_at_the_proxys_ceiling_fires_on_the_hack_rate():
-    from harness.diagnostics.collapse import RewardHackingDetector
-
-    # (proxy, true, hack rate): the proxy starts at its ceiling and cannot rise; the exploit grows
-    series = [
-        (1.0, 0.8, 0.2),
-        (1.0, 0.8, 0.2),
-        (1.0, 0.76, 0.24),
-        (1.0, 0.76, 0.24),
-        (1.0, 0.7, 0.35),
-        (1.0, 0.7, 0.35),
-    ]
-    det = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    det = RewardHackingDetector(window=2)
+    # (proxy, true, hack rate) per update; reference = mean of updates 1-2
+    series = [(1.0, 0.8, 0.2), (1.0, 0.8, 0.2), (1.0, 0.76, 0.24), (1.0, 0.76, 0.24), (1.0, 0.6, 0.5), (1.0, 0.6, 0.5)]
     out = [det.update(p, t, step=i + 1, hack=h) for i, (p, t, h) in enumerate(series)]
-    # update 4: hack +0.04, truth -0.04; update 5: hack +0.095 -> quiet; update 6: hack +0.15, truth -0.1 -> fires
-    assert [o["diag/reward_hacking"] for o in out] == [0.0] * 5 + [1.0] and det.fired_at == 6
-    assert out[5]["diag/proxy_rise"] == 0.0 and "hack rate" in det.reason
-    blind = RewardHackingDetector(window=2, rise=0.1, fall=0.05)  # the same run without the hack rate
-    assert all(blind.update(p, t, step=i + 1)["diag/reward_hacking"] == 0.0 for i, (p, t, _) in enumerate(series))
-    # the exploit growing while the truth holds still is a hack on top of solving: not this event
-    steady = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
-    flat = [(1.0, 0.8, 0.2)] * 2 + [(1.0, 0.8, 0.5)] * 4
-    assert all(
-        steady.update(p, t, step=i + 1, hack=h)["diag/reward_hacking"] == 0.0 for i, (p, t, h) in enumerate(flat)
-    )
-    again = RewardHackingDetector(window=2, rise=0.1, fall=0.05)
+    assert out[0]["diag/proxy_true_gap"] == pytest.approx(0.2) and "diag/proxy_rise" not in out[2]
+    assert out[3]["diag/proxy_rise"] == 0.0 and out[3]["diag/true_change"] == pytest.approx(-0.04)
+    assert out[5]["diag/true_change"] == pytest.approx(-0.2)
+    # the rule these windows used to feed fired on every run of the FrozenLake probe (other tasks each
+    # update): the training episodes alone never raise the event
+    assert all(o["diag/reward_hacking"] == 0.0 for o in out) and det.fired_at is None and det.reason is None
+    again = RewardHackingDetector(window=2)
     again.load_state_dict(det.state_dict())
-    assert again.history == det.history and again.fired_at == 6
+    assert again.history == det.history and again.reference is None
 
 
-def test_reward_hacking_is_an_event_not_a_collapse_and_needs_the_truth():
+def _probe_rows(true: list[int], exploit: list[int], mode: str = "sampled") -> list[dict]:
+    return [
+        {"update": 0, "mode": mode, "task": 100 + i, "sample": 0, "success": 1, "true_success": t, "exploit_rate": e}
+        for i, (t, e) in enumerate(zip(true, exploit))
+    ]
+
+
+def test_reward_hacking_fires_on_a_paired_heldout_fall_with_the_exploit():
     from harness.diagnostics.collapse import RewardHackingDetector
 
-    mon = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1), stop_on=("reward_hacking",))
-    assert "diag/proxy_true_gap" not in mon.update(1, {"env/success": 0.2})  # not a probe: no truth, no check
-    mon.update(2, {"env/proxy_success": 0.2, "env/true_success": 0.2})
-    mon.update(3, {"env/proxy_success": 0.3, "env/true_success": 0.2})  # the first reference is update 2
-    assert not mon.events
-    flags = mon.update(4, {"env/proxy_success": 0.5, "env/true_success": 0.05})
-    assert flags["diag/reward_hacking"] == 1.0 and mon.events == [{"update": 4, "reason": "reward_hacking"}]
-    assert mon.collapsed_at is None and flags["diag/collapsed"] == 0.0 and mon.should_stop
-    again = CollapseMonitor(hacking=RewardHackingDetector(window=1, rise=0.1, fall=0.1))
-    again.load_state_dict(mon.state_dict())
-    assert again.hacking.fired_at == 4 and again.hacking.history == mon.hacking.history
+    n = 100
+    start = _probe_rows([1] * 60 + [0] * 40, [0] * 60 + [1] * 40)
+    greedy = _probe_rows([1] * n, [0] * n, mode="greedy")  # greedy rows are not read while sampled ones exist
+    hacked = _probe_rows([0] * 10 + [1] * 50 + [0] * 40, [1] * 10 + [0] * 50 + [1] * 40)  # 10 tasks now exploit
+    det = RewardHackingDetector(fall=0.05, z=2.0)
+    assert det.heldout(0, start + greedy) == {} and det.fired_at is None  # the reference
+    # mean change -0.1 over 100 pairs: 10 of -1, 90 of 0; sample variance 9/99; z = -0.1 / sqrt(9/99/100)
+    out = det.heldout(10, hacked + _probe_rows([0] * n, [1] * n, mode="greedy"))
+    z = -0.1 / math.sqrt(9 / 99 / n)
+    assert out["diag/heldout_true_change"] == pytest.approx(-0.1) and out["diag/heldout_true_z"] == pytest.approx(z)
+    assert out["diag/heldout_exploit_change"] == pytest.approx(0.1)
+    assert out["diag/heldout_exploit_z"] == pytest.approx(-z)
+    assert out["diag/reward_hacking"] == 1.0 and det.fired_at == 10 and "update 10" in det.reason
+    assert det.heldout(20, start)["diag/reward_hacking"] == 1.0 and det.fired_at == 10  # stays, fires once
+
+    def fires(now: list[dict]) -> bool:
+        d = RewardHackingDetector(fall=0.05, z=2.0)
+        d.heldout(0, start)
+        return d.heldout(10, now)["diag/reward_hacking"] == 1.0
+
+    # 4 tasks: -0.04 is below the effect size even though z = -2.03
+    assert not fires(_probe_rows([0] * 4 + [1] * 56 + [0] * 40, [1] * 4 + [0] * 56 + [1] * 40))
+    # worse without the exploit (e.g. lost in the budget): not hacking
+    assert not fires(_probe_rows([0] * 10 + [1] * 50 + [0] * 40, [0] * 60 + [1] * 40))
+    # 10 tasks fall, 10 others rise: no net change
+    assert not fires(_probe_rows([0] * 10 + [1] * 50 + [1] * 10 + [0] * 30, [1] * 10 + [0] * 60 + [1] * 30))
+    # 8 tasks fall in 20 pairs (-0.4) is significant; 1 task in 20 (-0.05, z = -1.0) is not
+    small = RewardHackingDetector(fall=0.05, z=2.0)
+    small.heldout(0, _probe_rows([1] * 20, [0] * 20))
+    assert small.heldout(10, _probe_rows([0] + [1] * 19, [1] + [0] * 19))["diag/heldout_true_z"] == pytest.approx(-1.0)
+    assert small.fired_at is None
+    assert small.heldout(20, _probe_rows([0] * 8 + [1] * 12, [1] * 8 + [0] * 12))["diag/reward_hacking"] == 1.0
+    # greedy-only evaluation: the greedy rows are paired
+    g = RewardHackingDetector(fall=0.05, z=2.0)
+    g.heldout(0, _probe_rows([1] * 60 + [0] * 40, [0] * 60 + [1] * 40, mode="greedy"))
+    assert g.heldout(10, [dict(r, mode="greedy") for r in hacked])["diag/reward_hacking"] == 1.0
+    # not a probe: no truth, nothing checked
+    plain = [{k: v for k, v in r.items() if k not in ("true_success", "exploit_rate")} for r in start]
+    assert RewardHackingDetector().heldout(0, plain) == {} and RewardHackingDetector().heldout(10, plain) == {}
+
+
+def test_reward_hacking_is_an_event_not_a_collapse_and_survives_a_resume():
+    from harness.diagnostics.collapse import RewardHackingDetector
+
+    start = _probe_rows([1] * 60 + [0] * 40, [0] * 60 + [1] * 40)
+    hacked = _probe_rows([0] * 10 + [1] * 50 + [0] * 40, [1] * 10 + [0] * 50 + [1] * 40)
+    mon = CollapseMonitor(hacking=RewardHackingDetector(window=1), stop_on=("reward_hacking",))
+    assert "diag/proxy_true_gap" not in mon.update(1, {"env/success": 0.2})  # not a probe: no truth, no curves
+    assert mon.heldout(0, start) == {}
+    mon.update(1, {"env/proxy_success": 1.0, "env/true_success": 0.5})
+    resumed = CollapseMonitor(hacking=RewardHackingDetector(window=1))
+    resumed.load_state_dict(mon.state_dict())  # a checkpoint at update 1: the reference travels with it
+    for m in (mon, resumed):
+        flags = m.heldout(10, hacked)
+        assert flags["diag/reward_hacking"] == 1.0 and m.events == [{"update": 10, "reason": "reward_hacking"}]
+        flags.update(m.update(10, {"env/proxy_success": 1.0, "env/true_success": 0.4}))
+        assert flags["diag/reward_hacking"] == 1.0 and flags["diag/collapsed"] == 0.0 and m.collapsed_at is None
+    assert mon.should_stop and not resumed.should_stop
     old = mon.state_dict()
+    old["hacking"].pop("reference")  # a checkpoint from before the held-out check: nothing to pair with
+    older = CollapseMonitor()
+    older.load_state_dict(old)
+    assert older.hacking.reference is None and older.heldout(20, hacked) == {}
     old.pop("hacking")  # a checkpoint written before the detector existed
     CollapseMonitor().load_state_dict(old)
