@@ -141,7 +141,7 @@ def test_an_sft_budget_must_leave_at_least_one_rl_update():
 
 
 def test_a_curriculum_may_not_go_above_turns_max():
-    cfg = validate_run_config({"turns": {"max": 12, "curriculum": [4, 8, 12]}}, "t")  # the shipped turn_budget point
+    cfg = validate_run_config({"turns": {"max": 12, "curriculum": [4, 8, 12]}}, "t")
     assert cfg.turns.curriculum == [4, 8, 12]
     with pytest.raises(ConfigError, match=r"turns\.curriculum \[4, 8, 12\] goes above turns\.max = 8"):
         validate_run_config({"turns": {"max": 8, "curriculum": [4, 8, 12]}}, "t")
