@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,11 +124,26 @@ def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> l
     return lines
 
 
+def _study_lines(sf: SweepFile, root: Path) -> list[str]:
+    """An Optuna study: what `harness tune FILE --show` prints for its storage under `root` (run in a
+    child process: the tuner imports optuna and the trainer, which analysis never loads)."""
+    cmd = f"harness tune {sf.path.as_posix()}"
+    if not (root / sf.name / "optuna.db").is_file():
+        return [f"An Optuna study, not run yet: `{cmd} --results {root.as_posix()}` writes it.", ""]
+    show = [sys.executable, "-m", "harness", "tune", str(sf.path), "--results", root.as_posix(), "--show"]
+    res = subprocess.run(show, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if res.returncode != 0:
+        why = (res.stderr.strip().splitlines() or ["no message"])[-1]
+        return [f"An Optuna study; `{cmd} --show` failed: {why}", ""]
+    head = [f"An Optuna study; `{cmd} --results {root.as_posix()} --show` prints:", "", "```"]
+    return head + res.stdout.rstrip().splitlines() + ["```", ""]
+
+
 def _section(sf: SweepFile, root: Path, out: Path, figures: Path, notes: Path) -> list[str]:
     lines = [f"## {sf.name}", ""] + ([sf.description, ""] if sf.description else [])
     folder = root / sf.name
     if sf.study:
-        lines += [f"An Optuna study: `harness tune {sf.path.as_posix()} --show` lists its trials.", ""]
+        lines += _study_lines(sf, root)
     elif not folder.is_dir():
         lines += [f"Not run yet: `harness sweep {sf.path.as_posix()}` writes `{folder.as_posix()}`.", ""]
     else:

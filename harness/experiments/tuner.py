@@ -309,7 +309,9 @@ def importance_lines(ostudy: optuna.Study, complete: list[optuna.trial.FrozenTri
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            importances = optuna.importance.get_param_importances(ostudy)
+            # fANOVA's random forest with a fixed seed: the same study prints the same ranking
+            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+            importances = optuna.importance.get_param_importances(ostudy, evaluator=evaluator)
     except Exception as e:  # noqa: BLE001 - e.g. a parameter with a single value
         return [f"parameter importances: not available: {type(e).__name__}: {e}"]
     width = max((len(k) for k in importances), default=0)

@@ -46,7 +46,7 @@ def test_results_doc_covers_every_shipped_sweep_and_keeps_the_notes(tmp_path):
     assert "All runs on 2 CPU cores." in text.split("## ")[0]
     assert f"Not run yet: `harness sweep {sweeps.as_posix()}/unrun.yaml`" in text
     assert "write `" in text.split("## unrun")[1]  # a placeholder where no notes exist yet
-    assert "An Optuna study" in text.split("## study")[1]
+    assert "An Optuna study, not run yet: `harness tune" in text.split("## study")[1]
     pngs = {p: p.read_bytes() for p in (docs / "figures").rglob("*.png")}
     assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0
     assert out.read_text() == text and all(p.read_bytes() == b for p, b in pngs.items())  # reproducible
@@ -95,3 +95,34 @@ def test_probe_sweeps_lead_with_true_success_and_tabulate_the_sweep_files_tables
         return row.split("|")[3].split("±")[0].strip()
 
     assert start(lead) == "0.17" and start(more) in ("0.12", "0.13")  # 3/24 = 0.125
+
+
+def test_results_doc_prints_a_studys_trials(tmp_path):
+    """A study that has run: its section is what `harness tune FILE --show` prints (a real Optuna
+    storage with two finished trials), the same text on every regeneration."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    root, sweeps, docs = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs"
+    sweeps.mkdir()
+    space = "space: {algo.lr: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}}"
+    (sweeps / "study.yaml").write_text(f"name: study\n{space}\nobjective: {{metric: eval_greedy/success}}\n")
+    (root / "study").mkdir(parents=True)
+    ostudy = optuna.create_study(
+        study_name="study", storage=f"sqlite:///{root / 'study' / 'optuna.db'}", direction="maximize"
+    )
+    for lr, value in ((1e-4, 0.25), (3e-4, 0.5)):
+        ostudy.add_trial(
+            optuna.trial.create_trial(
+                params={"algo.lr": lr}, distributions={"algo.lr": FloatDistribution(1e-5, 1e-3, log=True)}, value=value
+            )
+        )
+    out = docs / "results.md"
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 0, r.output
+    section = out.read_text().split("## study")[1]
+    assert f"`harness tune {sweeps.as_posix()}/study.yaml --results {root.as_posix()} --show` prints:" in section
+    assert "study study: 2 trials (2 complete)" in section and "best trial 1: eval_greedy/success = 0.5" in section
+    assert "algo.lr = 0.0003" in section
+    first = out.read_text()
+    assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0 and out.read_text() == first
