@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.stats import Components, Difference, Power, crossed_bootstrap, mde80, pooled_components
+from analysis.stats import (
+    Components,
+    Difference,
+    Power,
+    crossed_bootstrap,
+    mde80,
+    pooled_components,
+    separate_bootstrap,
+)
 from analysis.tasks import Scores, at_budget
 
 COST_TOLERANCE = 0.05
@@ -35,6 +43,7 @@ class Block:
     columns: list[str]
     est: dict[str, dict[str, Difference | None]] = field(default_factory=dict)  # cell -> column -> estimate
     paired: dict[str, bool] = field(default_factory=dict)  # cell -> Δ paired by seed
+    other_tasks: set[str] = field(default_factory=set)  # cells whose held-out tasks are not the baseline's
     cost: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> episodes/tokens/wall (mean)
     budget: dict[str, float] = field(default_factory=dict)  # cell -> the budget Δ@ compares at
     base_cells: set[str] = field(default_factory=set)  # the baseline cell of each config group
@@ -88,9 +97,37 @@ def _cell(block: Block, c: str, rows: pd.DataFrame, scores: Scores, boot: dict) 
         block.gain_grids[c] = gain[0] - gain[1]
 
 
+def task_identity(row: pd.Series) -> str:
+    """What decides a point's held-out tasks: the environment, its options and the split's size; a
+    mixture's members without their weights (its held-out split takes every member equally). Two
+    points pair by task only when these agree: the same task id on another map size or level
+    generator is another task."""
+
+    def unweighted(v):  # a mixture's member list (env.mixture, and env.options.members once resolved)
+        if isinstance(v, list):
+            return [{k: x for k, x in m.items() if k != "weight"} if isinstance(m, dict) else m for m in v]
+        return v
+
+    keys = sorted(k for k in row.index if k.startswith("env.options.")) + [
+        "env.name",
+        "env.heldout_tasks",
+        "env.mixture",
+    ]
+    return "; ".join(f"{k}={unweighted(row.get(k))!r}" for k in keys if k in row.index)
+
+
 def _delta(block: Block, c: str, rows, base_rows, scores: Scores, boot: dict, own_group: bool, when) -> Difference:
-    """Cell minus baseline at `when` ('final' or an episode budget); paired when the seeds match."""
+    """Cell minus baseline at `when` ('final' or an episode budget); paired when the seeds match.
+    A cell evaluated on other tasks than its baseline's (`task_identity`) is compared unpaired, each
+    side on its own tasks (`separate_bootstrap`), and never enters the MDE's paired differences."""
     a, b = _seeds(rows, scores, "final"), _seeds(base_rows, scores, "final")
+    if c in block.other_tasks:
+        block.paired[c] = False
+        left = grids(scores, [[(p, when) for p in a.values()]])[0]
+        right = grids(scores, [[(p, when) for p in b.values()]])[0]
+        if left.size == 0 or right.size == 0:
+            return None
+        return separate_bootstrap(left, right, **boot)
     paired = set(a) == set(b)
     left = [(a[s], when) for s in (sorted(a) if paired else a)]
     right = [(b[s], when) for s in (sorted(b) if paired else b)]
@@ -129,6 +166,8 @@ def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, bo
             continue
         own = not (first[c]["config_group"] or "")
         base_rows = done[done["cell"] == base]
+        if task_identity(first[c]) != task_identity(base_rows.iloc[0]):
+            block.other_tasks.add(c)
         block.est[c][DELTA] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, FINAL)
         ec, eb = block.cost[c]["episodes"], block.cost[base]["episodes"]
         if not (math.isnan(ec) or math.isnan(eb)) and abs(ec / eb - 1) > COST_TOLERANCE:

@@ -231,6 +231,31 @@ def crossed_bootstrap(
     return Difference(value, *_percentiles(boot, confidence), n, paired)
 
 
+def separate_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    statistic: str = "mean",
+    n_boot: int = N_BOOT,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Difference:
+    """statistic(a) - statistic(b) for two grids on *different* tasks (another environment, map size
+    or level generator: the held-out splits differ, so nothing pairs): each side's seeds and tasks
+    are resampled on their own (a two-level bootstrap per side), and the difference of the two
+    resampled statistics gives the percentile interval. Wider than the paired interval, as it must
+    be: the task-to-task variation no longer cancels. Fewer than 2 seeds on a side: the point
+    estimate only."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    value = _point(a.ravel(), statistic) - _point(b.ravel(), statistic)
+    n = min(a.shape[0], b.shape[0])
+    if n < 2:
+        return Difference(value, math.nan, math.nan, n, False)
+    da, _ = _draws(seed, n_boot, a.shape[0], None, a.shape[1])
+    db, _ = _draws(seed + 1, n_boot, b.shape[0], None, b.shape[1])
+    boot = _grid_stat(a, da, statistic) - _grid_stat(b, db, statistic)
+    return Difference(value, *_percentiles(boot, confidence), n, False)
+
+
 # ----------------------------------------------------------------------------- power
 T_DOMINANT = 0.5  # the seed term's share of SE^2 above which t quantiles (df = seeds - 1) are used
 

@@ -159,7 +159,15 @@ def notes(
         out.append("† fewer than the requested seeds (see the seeds column).")
     if "‡" in shown:
         tasks = " (tasks stay paired)" if block.tasks > 1 else ""
-        out.append(f"‡ unpaired interval: the cell's seeds differ from the baseline's{tasks}.")
+        seeds_differ = [c for c, p in block.paired.items() if not p and c not in block.other_tasks]
+        if seeds_differ:
+            out.append(f"‡ unpaired interval: the cell's seeds differ from the baseline's{tasks}.")
+        if block.other_tasks:
+            out.append(
+                "‡ unpaired interval: the cell's held-out tasks are not the baseline's (another environment, "
+                "options or split size), so nothing pairs: each side's seeds and tasks are resampled on their "
+                "own, and Δ compares two task distributions, not one policy against another on the same tasks."
+            )
     if "(n=" in shown:
         out.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
     if any("corrupt" in text for text in seeds):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import typer
 from synthetic import make_clip_sweep
-from synthetic_tasks import SEEDS, TASKS, add_other_config, make_task_sweep, task_rows
+from synthetic_tasks import AXIS, SEEDS, TASKS, add_other_config, make_task_sweep, task_rows
 from typer.testing import CliRunner
 
 from analysis.render import render
@@ -182,3 +182,49 @@ def test_a_mixture_gets_a_paired_table_per_environment(sweep):
     b = data(root, "final/eval_greedy/b/success")
     # ragen_top_p ends at threshold 6 (7 on seed 2): tasks 104, 105 (and 106) of b
     assert b.loc["none", "start"] == 0.0 and b.loc["ragen_top_p", "final"] == pytest.approx((2 + 2 + 3) / 12)
+
+
+def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
+    """dapo evaluated on another map size: the same task ids are other maps, so Δ is the difference of
+    two separately resampled grids (`separate_bootstrap`), marked ‡ with its own footnote, and left out
+    of the MDE's paired differences; ragen_top_p (same tasks) stays paired."""
+    import json
+
+    import yaml
+
+    from analysis.stats import separate_bootstrap
+
+    for cfg in sweep.glob("*/config.yaml"):
+        c = yaml.safe_load(cfg.read_text())
+        c["env"]["options"] = {"size": 5 if "dapo" in cfg.parent.name else 4}
+        cfg.write_text(yaml.safe_dump(c))
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    for p in manifest["points"]:
+        p["overrides"]["env.options.size"] = 5 if p["overrides"][AXIS] == "dapo" else 4
+    manifest["axes"].append("env.options.size")
+    manifest["base_config"]["env.options.size"] = 4
+    manifest["baseline"]["env.options.size"] = 4
+    manifest["base_excluded"].append("env.options.size")
+    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    d = data(sweep)
+    assert d.loc["dapo", "delta"] == pytest.approx(0.25) and not bool(d.loc["dapo", "delta:paired"])
+    assert bool(d.loc["ragen_top_p", "delta:paired"])
+    sep = separate_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((sep.lo, sep.hi))
+    paired = crossed_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    assert sep.hi - sep.lo > paired.hi - paired.lo  # the tasks' spread no longer cancels
+    text = render(table_for(sweep), "markdown")
+    assert "held-out tasks are not the baseline's" in text and "seeds differ from the baseline's" not in text
+    # the MDE comes from the paired Δ of ragen_top_p alone
+    alone = mde80(pooled_components([variance_components(grid("ragen_top_p", 4) - grid("none", 4))]), 3, TASKS)
+    assert f"{alone.mde:.3g} = " in text
+
+
+def test_separate_bootstrap_by_hand():
+    from analysis.stats import separate_bootstrap
+
+    a, b = np.full((3, 4), 0.75), np.full((2, 6), 0.5)  # no spread: the interval is the point
+    e = separate_bootstrap(a, b)
+    assert (e.value, e.lo, e.hi, e.n, e.paired) == (0.25, 0.25, 0.25, 2, False)
+    one = separate_bootstrap(np.ones((1, 4)), b)  # one seed on a side: the point estimate only
+    assert one.value == 0.5 and np.isnan(one.lo) and np.isnan(one.hi)
