@@ -330,6 +330,10 @@ def figures(path: str | Path, metrics: list[str] | None = None) -> dict[str, Fig
     else:
         curve_metric(curves, None)  # nothing logged at all: one clear error
         fams = list(FAMILIES)
+        if (
+            "env.name" in results and (results["env.name"] == "mixture").any()
+        ):  # a mixture's probe member: its own metrics, not
+            fams = [f for f in fams if f.name != "probe"]  # the mixture's split the caption would name
     out = {}
     for fam in fams:
         fig = family_figure(fam, curves, results)
