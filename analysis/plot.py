@@ -329,11 +329,10 @@ def figures(path: str | Path, metrics: list[str] | None = None) -> dict[str, Fig
         fams = [Family(f"curves_{_safe(m)}", m, ((m, (curve_metric(curves, m),)),), FAMILIES[0].x) for m in metrics]
     else:
         curve_metric(curves, None)  # nothing logged at all: one clear error
-        fams = list(FAMILIES)
-        if (
-            "env.name" in results and (results["env.name"] == "mixture").any()
-        ):  # a mixture's probe member: its own metrics, not
-            fams = [f for f in fams if f.name != "probe"]  # the mixture's split the caption would name
+        # a mixture's probe member logs the probe figure's metrics for its own tasks, while the
+        # caption would name the whole mixture's split: no probe figure for a mixture
+        mixture = "env.name" in results and (results["env.name"] == "mixture").any()
+        fams = [f for f in FAMILIES if not (mixture and f.name == "probe")]
     out = {}
     for fam in fams:
         fig = family_figure(fam, curves, results)

@@ -27,7 +27,6 @@ from typing import Any
 KL_KEY = "diag/kl_k3"  # per-update mean k3 KL to the reference (harness.rl.update)
 GROUP_STD_KEY = "env/group_reward_std"  # per-update mean in-group reward std (harness.diagnostics.episode_metrics)
 PROXY_KEY, TRUE_KEY = "env/proxy_success", "env/true_success"  # a probe's rewarded and true outcome (probe_metrics)
-HACK_KEY = "env/hack_rate"  # share of the probe's rewarded episodes that used the exploit
 
 
 class KLSpikeDetector:
@@ -171,9 +170,9 @@ class EchoTrapDetector:
 class RewardHackingDetector:
     """The truth falls while the exploit grows, on the held-out tasks (docs/algorithms.md section 16).
 
-    Two inputs. `update(proxy, true, step, hack)`, per update, from the training episodes of a
-    reward-hacking probe (`env/proxy_success`, `env/true_success`, `env/hack_rate`; only the probes
-    report a truth; in a mixture, its own): logs `diag/proxy_true_gap` every update and, once `2 *
+    Two inputs. `update(proxy, true)`, per update, from the training episodes of a reward-hacking
+    probe (`env/proxy_success`, `env/true_success`; only the probes report a truth; in a mixture,
+    its own): logs `diag/proxy_true_gap` every update and, once `2 *
     window` updates are in, `diag/proxy_rise` and `diag/true_change` (mean of the last `window`
     updates minus the mean of the first `window`). These are curves, not the event: every update
     trains on other tasks, so a window's rates move with the tasks drawn. On the FrozenLake probe a
@@ -201,12 +200,12 @@ class RewardHackingDetector:
         if window < 1 or fall <= 0 or z <= 0:
             raise ValueError(f"RewardHackingDetector: window >= 1, fall > 0, z > 0; got {window}, {fall}, {z}")
         self.window, self.fall, self.z = window, fall, z
-        self.history: list[tuple[float, ...]] = []  # (proxy, true) or (proxy, true, hack rate)
+        self.history: list[tuple[float, ...]] = []  # (proxy, true) per update (older checkpoints: + hack rate)
         self.reference: dict[str, tuple[int, int]] | None = None  # "mode/task/sample" -> (true, exploit)
         self.fired_at: int | None = None
 
-    def update(self, proxy: float, true: float, step: int, hack: float | None = None) -> dict[str, float]:
-        self.history.append((float(proxy), float(true)) if hack is None else (float(proxy), float(true), float(hack)))
+    def update(self, proxy: float, true: float) -> dict[str, float]:
+        self.history.append((float(proxy), float(true)))
         w = self.window
         out = {"diag/proxy_true_gap": float(proxy) - float(true)}
         if len(self.history) >= 2 * w:
@@ -347,7 +346,7 @@ class CollapseMonitor:
             if not fired_before and self.echo.fired_at is not None:
                 self.events.append({"update": self.echo.fired_at, "reason": "echo_trap"})
         if PROXY_KEY in metrics and TRUE_KEY in metrics:
-            out.update(self.hacking.update(metrics[PROXY_KEY], metrics[TRUE_KEY], step, metrics.get(HACK_KEY)))
+            out.update(self.hacking.update(metrics[PROXY_KEY], metrics[TRUE_KEY]))
         out["diag/collapsed"] = float(self.collapsed_at is not None)
         return out
 

@@ -266,9 +266,9 @@ def test_reward_hacking_training_windows_are_curves_not_the_event():
     from harness.diagnostics.collapse import RewardHackingDetector
 
     det = RewardHackingDetector(window=2)
-    # (proxy, true, hack rate) per update; reference = mean of updates 1-2
-    series = [(1.0, 0.8, 0.2), (1.0, 0.8, 0.2), (1.0, 0.76, 0.24), (1.0, 0.76, 0.24), (1.0, 0.6, 0.5), (1.0, 0.6, 0.5)]
-    out = [det.update(p, t, step=i + 1, hack=h) for i, (p, t, h) in enumerate(series)]
+    # (proxy, true) per update; reference = mean of updates 1-2
+    series = [(1.0, 0.8), (1.0, 0.8), (1.0, 0.76), (1.0, 0.76), (1.0, 0.6), (1.0, 0.6)]
+    out = [det.update(p, t) for p, t in series]
     assert out[0]["diag/proxy_true_gap"] == pytest.approx(0.2) and "diag/proxy_rise" not in out[2]
     assert out[3]["diag/proxy_rise"] == 0.0 and out[3]["diag/true_change"] == pytest.approx(-0.04)
     assert out[5]["diag/true_change"] == pytest.approx(-0.2)
