@@ -68,6 +68,17 @@ def _cpu_rss_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _configure_malloc() -> None:
+    """glibc: serve blocks >= 64 KiB by mmap (which also stops the threshold's dynamic growth) and
+    hand free heap pages back, so memory freed earlier cannot hide a later peak."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
     """Peak memory `fn()` adds above what was allocated before it ran.
 
@@ -84,12 +95,7 @@ def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "c
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: big blocks by mmap (also stops its dynamic growth)
-        libc.malloc_trim(0)  # free heap pages leave the resident set, so reusing them counts again
-    except (OSError, AttributeError):
-        pass
+    _configure_malloc()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current resident set
     base = _cpu_rss_bytes("VmRSS")
@@ -105,15 +111,21 @@ def peak_memory_ratio(
     chunk_size: int = DEFAULT_CHUNK,
     backward: bool = True,
     head_only: bool = True,
+    repeats: int = 3,
 ) -> dict:
     """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
 
     head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
     activations are the same in both and are excluded). Otherwise the whole forward is measured.
     backward: include the backward pass (gradients into the trainable parameters / hidden states).
+    repeats: each side is run once unmeasured (one-time allocations: thread pools, kernel
+    workspaces) and then measured this many times, alternating; the minimum is kept. On CPU the
+    probe is the whole process's resident set, which other threads (a logger, a leftover worker)
+    can only raise, so the minimum is the estimate least polluted by them.
     Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
     """
     device = input_ids.device
+    hidden = None
     if head_only:
         with torch.no_grad():
             hidden = hidden_states(model, input_ids, attention_mask)
@@ -142,10 +154,24 @@ def peak_memory_ratio(
             if backward:
                 lp.sum().backward()
 
+    def clear() -> None:  # each measured run starts with no gradient buffers allocated
+        model.zero_grad(set_to_none=True)
+        if hidden is not None:
+            hidden.grad = None
+
+    if device.type == "cpu":
+        _configure_malloc()  # before the warm-up runs, so they allocate the way the measured ones will
     with torch.set_grad_enabled(backward):
-        chunk_bytes = measure_peak_bytes(chunked, device)
-        naive_bytes = measure_peak_bytes(naive, device)
-    model.zero_grad(set_to_none=True)
+        chunked()
+        naive()
+        clear()
+        chunk_runs, naive_runs = [], []
+        for _ in range(max(1, repeats)):
+            chunk_runs.append(measure_peak_bytes(chunked, device))
+            clear()
+            naive_runs.append(measure_peak_bytes(naive, device))
+            clear()
+    chunk_bytes, naive_bytes = min(chunk_runs), min(naive_runs)
     return {
         "naive_bytes": naive_bytes,
         "chunked_bytes": chunk_bytes,
@@ -155,4 +181,5 @@ def peak_memory_ratio(
         "head_only": head_only,
         "backward": backward,
         "device": str(device),
+        "repeats": max(1, repeats),
     }
