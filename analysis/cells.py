@@ -9,6 +9,7 @@ within a group.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pandas as pd
@@ -21,7 +22,9 @@ def format_value(v: Any) -> str:
     if v is None:
         return "null"
     if isinstance(v, float):
-        return f"{v:g}"
+        return "null" if math.isnan(v) else f"{v:g}"  # NaN: a null the table's column could not hold
+    if v == "":
+        return '""'
     if isinstance(v, (list, dict)):
         return json.dumps(v, separators=(",", ":"), sort_keys=True)
     return str(v)
@@ -39,14 +42,18 @@ def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
     return " | ".join(format_value(row.get(a)) for a in axes) if axes else "all"
 
 
-def axis_label(row: pd.Series | dict, axes: list[str]) -> str:
-    """'ppo' for one axis, 'clip.level=ppo, agg=token-mean' for several, 'all' for none."""
+def axis_label(row: pd.Series | dict, axes: list[str], own: list[str] | None = None) -> str:
+    """'ppo' for one axis, 'clip.level=ppo, agg=token-mean' for several, 'all' for none.
+
+    own: the axes this point's overrides set (a grid point of a sweep whose other points vary
+    more keys names only its own, 'turns.max=8', not the defaults of keys it never touched)."""
     if not axes:
         return "all"
     if len(axes) == 1:
         return format_value(row.get(axes[0]))
     short = short_axis_names(axes)
-    return ", ".join(f"{short[a]}={format_value(row.get(a))}" for a in axes)
+    shown = [a for a in axes if a in own] if own else axes
+    return ", ".join(f"{short[a]}={format_value(row.get(a))}" for a in shown)
 
 
 def _baselines(keys, by_axes, groups, flagged, wanted, meta) -> dict[str, str | None]:
@@ -82,7 +89,8 @@ def add_cells(df: pd.DataFrame, meta) -> pd.DataFrame:
     for k, lab, g, (_, r) in zip(keys, df["_sweep_label"], short_groups, df.iterrows()):
         named = isinstance(lab, str) and bool(lab)
         if k not in labels or named:  # a label the sweep gave wins over the axis values
-            labels[k] = (lab if named else axis_label(r, axes)) + (f" [{g}]" if g else "")
+            own = r.get("_own_axes") if isinstance(r.get("_own_axes"), list) else None
+            labels[k] = (lab if named else axis_label(r, axes, own)) + (f" [{g}]" if g else "")
     if len(set(labels.values())) < len(labels):  # axis values do not tell two variants apart
         labels = {k: k for k in labels}
     group_order = list(dict.fromkeys([""] + groups))
@@ -93,4 +101,5 @@ def add_cells(df: pd.DataFrame, meta) -> pd.DataFrame:
     df["baseline_cell"] = [base.get(g) for g in groups]
     df["_order"] = [(group_order.index(g), order.index(k)) for g, k in zip(groups, keys)]
     df = df.sort_values(["_order", "seed"], kind="stable", na_position="last")
-    return df.drop(columns=["_order", "_sweep_label", "_variant", "_is_baseline"]).reset_index(drop=True)
+    drop = ["_order", "_sweep_label", "_variant", "_is_baseline", "_own_axes"]
+    return df.drop(columns=[c for c in drop if c in df.columns]).reset_index(drop=True)

@@ -284,6 +284,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
         for a in meta.axes:
             row[a] = overrides[a] if a in overrides else row.get(a, meta.baseline.get(a))
         row.update(_sweep_label=p.get("label"), _variant=p.get("variant"), _is_baseline=p.get("is_baseline"))
+        row["_own_axes"] = [a for a in meta.axes if a in overrides]
         if row.get("config_hash") is None:
             row["config_hash"] = p.get("config_hash")
         rows.append(row)

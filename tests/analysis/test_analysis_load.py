@@ -2,12 +2,14 @@
 
 import json
 import math
+import re
 
 import pytest
 from synthetic import base_config, curve_rows, make_clip_sweep, write_point
 
 from analysis import AnalysisError, load_curves, load_results
 from analysis.load import resolve_metric
+from analysis.table import render, table_for
 
 
 def test_one_row_per_point_with_config_summary_and_cell(clip_sweep):
@@ -101,6 +103,44 @@ def test_multi_axis_labels_name_each_axis(tmp_path):
     df = load_results(root)
     assert df["label"].tolist()[0] == "clip.level=dual, algo.agg=token-mean"
     assert df["is_baseline"].tolist() == [True, False, False, False]
+
+
+def test_grid_points_are_named_by_the_keys_they_set(tmp_path):
+    """A grid on one key next to hand-written points that also set others (turn_budget's shape):
+    a grid point's label names its own key only, not the defaults of keys other points vary; a
+    null shows as null and an empty string as "" (not nan and a blank cell)."""
+    root = tmp_path / "mixed"
+    points = []
+    variants = [
+        (None, {"algo.clip.eps_low": 0.1}),
+        (None, {"algo.clip.eps_low": 0.3}),
+        ("custom", {"algo.clip.eps_low": 0.3, "algo.agg": "seq-mean-token-mean", "model.note": ""}),
+    ]
+    for i, (label, overrides) in enumerate(variants):
+        cfg = base_config("ppo", 0)
+        cfg["algo"]["clip"]["eps_low"] = overrides["algo.clip.eps_low"]
+        cfg["algo"]["agg"] = overrides.get("algo.agg", "token-mean")
+        cfg["model"]["note"] = overrides.get("model.note")
+        pid = f"p{i}"
+        write_point(root, pid, cfg, "done", {"final/eval_greedy/success": 0.5}, curve_rows(0.5, 0, None))
+        points.append({"id": pid, "label": label, "overrides": overrides, "seed": 0})
+    (root / "sweep.json").write_text(
+        json.dumps(
+            {
+                "name": "mixed",
+                "axes": ["algo.clip.eps_low", "algo.agg", "model.note"],
+                "baseline": {"algo.clip.eps_low": 0.1, "algo.agg": "token-mean", "model.note": None},
+                "seeds": [0],
+                "points": points,
+            }
+        )
+    )
+    df = load_results(root)
+    assert df["label"].tolist() == ["clip.eps_low=0.1", "clip.eps_low=0.3", "custom"]
+    table = render(table_for(root), "markdown")
+    assert "| clip.eps_low=0.1 | 0.1 | token-mean | null |" in table
+    assert '| custom | 0.3 | seq-mean-token-mean | "" |' in table
+    assert not re.search(r"\bnan\b", table)
 
 
 def test_curves_long_format_and_derived_metrics(clip_sweep):
