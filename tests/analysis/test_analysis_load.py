@@ -108,13 +108,14 @@ def test_multi_axis_labels_name_each_axis(tmp_path):
 def test_grid_points_are_named_by_the_keys_they_set(tmp_path):
     """A grid on one key next to hand-written points that also set others (turn_budget's shape):
     a grid point's label names its own key only, not the defaults of keys other points vary; a
-    null shows as null and an empty string as "" (not nan and a blank cell)."""
+    key with one value everywhere is left out of labels; a null shows as null and an empty string
+    as "" (not nan and a blank cell)."""
     root = tmp_path / "mixed"
     points = []
-    variants = [
-        (None, {"algo.clip.eps_low": 0.1}),
-        (None, {"algo.clip.eps_low": 0.3}),
-        ("custom", {"algo.clip.eps_low": 0.3, "algo.agg": "seq-mean-token-mean", "model.note": ""}),
+    variants = [  # model.lora.r: a grid key listed with one value, so in every point's overrides
+        (None, {"algo.clip.eps_low": 0.1, "model.lora.r": 16}),
+        (None, {"algo.clip.eps_low": 0.3, "model.lora.r": 16}),
+        ("custom", {"algo.clip.eps_low": 0.3, "algo.agg": "seq-mean-token-mean", "model.note": "", "model.lora.r": 16}),
     ]
     for i, (label, overrides) in enumerate(variants):
         cfg = base_config("ppo", 0)
@@ -128,8 +129,13 @@ def test_grid_points_are_named_by_the_keys_they_set(tmp_path):
         json.dumps(
             {
                 "name": "mixed",
-                "axes": ["algo.clip.eps_low", "algo.agg", "model.note"],
-                "baseline": {"algo.clip.eps_low": 0.1, "algo.agg": "token-mean", "model.note": None},
+                "axes": ["algo.clip.eps_low", "algo.agg", "model.note", "model.lora.r"],
+                "baseline": {
+                    "algo.clip.eps_low": 0.1,
+                    "algo.agg": "token-mean",
+                    "model.note": None,
+                    "model.lora.r": 16,
+                },
                 "seeds": [0],
                 "points": points,
             }
@@ -138,8 +144,8 @@ def test_grid_points_are_named_by_the_keys_they_set(tmp_path):
     df = load_results(root)
     assert df["label"].tolist() == ["clip.eps_low=0.1", "clip.eps_low=0.3", "custom"]
     table = render(table_for(root), "markdown")
-    assert "| clip.eps_low=0.1 | 0.1 | token-mean | null |" in table
-    assert '| custom | 0.3 | seq-mean-token-mean | "" |' in table
+    assert "| clip.eps_low=0.1 | 0.1 | token-mean | null | 16 |" in table
+    assert '| custom | 0.3 | seq-mean-token-mean | "" | 16 |' in table
     assert not re.search(r"\bnan\b", table)
 
 
