@@ -42,18 +42,15 @@ def cell_key(row: pd.Series | dict, axes: list[str]) -> str:
     return " | ".join(format_value(row.get(a)) for a in axes) if axes else "all"
 
 
-def axis_label(row: pd.Series | dict, axes: list[str], own: list[str] | None = None, with_keys: bool = False) -> str:
-    """'ppo' for one axis, 'clip.level=ppo, agg=token-mean' for several, 'all' for none.
-
-    own: the axes this point's overrides set (a grid point of a sweep whose other points vary
-    more keys names only its own, 'turns.max=8', not the defaults of keys it never touched)."""
+def axis_label(row: pd.Series | dict, axes: list[str], with_keys: bool = False) -> str:
+    """'ppo' for one axis (unless with_keys), 'clip.level=ppo, agg=token-mean' for several, 'all'
+    for none."""
     if not axes:
         return "all"
     if len(axes) == 1 and not with_keys:
         return format_value(row.get(axes[0]))
     short = short_axis_names(axes)
-    shown = [a for a in axes if a in own] if own else axes
-    return ", ".join(f"{short[a]}={format_value(row.get(a))}" for a in shown)
+    return ", ".join(f"{short[a]}={format_value(row.get(a))}" for a in axes)
 
 
 def _baselines(keys, by_axes, groups, flagged, wanted, meta) -> dict[str, str | None]:
@@ -86,16 +83,15 @@ def add_cells(df: pd.DataFrame, meta) -> pd.DataFrame:
     wanted = cell_key(meta.baseline, axes) if meta.baseline else None
     base = _baselines(keys, by_axes, groups, list(df["_is_baseline"]), wanted, meta)
     # an axis with one value in every point (a grid key listed with a single value) tells no two
-    # cells apart: labels leave it out (the table still has its column)
-    varying = [a for a in axes if len({format_value(v) for v in df[a]}) > 1] if len(df) else axes
-    label_axes = varying if varying and len(varying) < len(axes) else axes
+    # cells apart, and a grid point is named by the axes its overrides set ('turns.max=8', not the
+    # defaults of keys only other points vary); the table keeps a column for every axis
+    varying = [a for a in axes if len({format_value(v) for v in df[a]}) > 1] or axes
     labels: dict[str, str] = {}
     for k, lab, g, (_, r) in zip(keys, df["_sweep_label"], short_groups, df.iterrows()):
         named = isinstance(lab, str) and bool(lab)
         if k not in labels or named:  # a label the sweep gave wins over the axis values
-            own = r.get("_own_axes") if isinstance(r.get("_own_axes"), list) else None
-            own = [a for a in own if a in label_axes] if own is not None else None
-            text = lab if named else axis_label(r, label_axes, own, with_keys=label_axes != axes)
+            shown = [a for a in varying if a in r["_own_axes"]] or varying
+            text = lab if named else axis_label(r, shown, with_keys=shown != axes)
             labels[k] = text + (f" [{g}]" if g else "")
     if len(set(labels.values())) < len(labels):  # axis values do not tell two variants apart
         labels = {k: k for k in labels}
@@ -107,5 +103,4 @@ def add_cells(df: pd.DataFrame, meta) -> pd.DataFrame:
     df["baseline_cell"] = [base.get(g) for g in groups]
     df["_order"] = [(group_order.index(g), order.index(k)) for g, k in zip(groups, keys)]
     df = df.sort_values(["_order", "seed"], kind="stable", na_position="last")
-    drop = ["_order", "_sweep_label", "_variant", "_is_baseline", "_own_axes"]
-    return df.drop(columns=[c for c in drop if c in df.columns]).reset_index(drop=True)
+    return df.drop(columns=["_order", "_sweep_label", "_variant", "_is_baseline", "_own_axes"]).reset_index(drop=True)

@@ -124,7 +124,7 @@ def peak_memory_ratio(
     can only raise, so the minimum is the estimate least polluted by them.
     Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
     """
-    device = input_ids.device
+    device, repeats = input_ids.device, max(1, repeats)
     hidden = None
     if head_only:
         with torch.no_grad():
@@ -166,7 +166,7 @@ def peak_memory_ratio(
         naive()
         clear()
         chunk_runs, naive_runs = [], []
-        for _ in range(max(1, repeats)):
+        for _ in range(repeats):
             chunk_runs.append(measure_peak_bytes(chunked, device))
             clear()
             naive_runs.append(measure_peak_bytes(naive, device))
@@ -181,5 +181,5 @@ def peak_memory_ratio(
         "head_only": head_only,
         "backward": backward,
         "device": str(device),
-        "repeats": max(1, repeats),
+        "repeats": repeats,
     }
