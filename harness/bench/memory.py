@@ -103,28 +103,16 @@ def measure_peak_bytes(fn: Callable[[], object], device: torch.device | str = "c
     return _cpu_rss_bytes("VmHWM") - base
 
 
-def peak_memory_ratio(
+def _sides(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
-    chunk_size: int = DEFAULT_CHUNK,
-    backward: bool = True,
-    head_only: bool = True,
-    repeats: int = 3,
-) -> dict:
-    """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
-
-    head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
-    activations are the same in both and are excluded). Otherwise the whole forward is measured.
-    backward: include the backward pass (gradients into the trainable parameters / hidden states).
-    repeats: each side is run once unmeasured (one-time allocations: thread pools, kernel
-    workspaces) and then measured this many times, alternating; the minimum is kept. On CPU the
-    probe is the whole process's resident set, which other threads (a logger, a leftover worker)
-    can only raise, so the minimum is the estimate least polluted by them.
-    Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
-    """
-    device, repeats = input_ids.device, max(1, repeats)
+    chunk_size: int,
+    backward: bool,
+    head_only: bool,
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """(chunked, naive, clear): the two computations being compared, and a reset between runs."""
     hidden = None
     if head_only:
         with torch.no_grad():
@@ -159,18 +147,87 @@ def peak_memory_ratio(
         if hidden is not None:
             hidden.grad = None
 
-    if device.type == "cpu":
-        _configure_malloc()  # before the warm-up runs, so they allocate the way the measured ones will
+    return chunked, naive, clear
+
+
+def _measure_runs(fn: Callable[[], None], clear: Callable[[], None], device, repeats: int, backward: bool) -> list[int]:
+    """One unmeasured run (one-time allocations: thread pools, kernel workspaces), then `repeats`
+    measured ones, each starting from cleared gradients."""
     with torch.set_grad_enabled(backward):
-        chunked()
-        naive()
+        fn()
         clear()
-        chunk_runs, naive_runs = [], []
+        runs = []
         for _ in range(repeats):
-            chunk_runs.append(measure_peak_bytes(chunked, device))
+            runs.append(measure_peak_bytes(fn, device))
             clear()
-            naive_runs.append(measure_peak_bytes(naive, device))
-            clear()
+    return runs
+
+
+def _isolated_side(path: str, side: str, kw: dict, repeats: int, threads: int) -> list[int]:
+    """Worker (a freshly spawned process): load the saved model and batch, measure one side."""
+    torch.set_num_threads(threads)
+    _configure_malloc()
+    saved = torch.load(path, weights_only=False)  # our own file, written just before by the parent
+    model, ids, mask = saved["model"], saved["input_ids"], saved["attention_mask"]
+    chunked, naive, clear = _sides(model, ids, mask, **kw)
+    return _measure_runs(chunked if side == "chunked" else naive, clear, "cpu", repeats, kw["backward"])
+
+
+def peak_memory_ratio(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    backward: bool = True,
+    head_only: bool = True,
+    repeats: int = 3,
+    isolate: bool | None = None,
+) -> dict:
+    """Peak memory of the chunked log-prob computation vs the naive full log-softmax.
+
+    head_only: measure from the hidden states on (the log-prob computation itself; the backbone's
+    activations are the same in both and are excluded). Otherwise the whole forward is measured.
+    backward: include the backward pass (gradients into the trainable parameters / hidden states).
+    repeats: each side is run once unmeasured (one-time allocations: thread pools, kernel
+    workspaces) and then measured this many times; the minimum is kept. On CPU the probe is the
+    whole process's resident set, which other threads (a logger, a leftover worker) can only
+    raise, so the minimum is the estimate least polluted by them.
+    isolate (default: on CPU): measure each side in a freshly spawned process. The resident-set
+    probe counts every page the computation touches for the first time; in a long-lived process
+    (a test session, a training run) the heap is fragmented by whatever ran before, and freed
+    heap pages that get re-used show up as new resident memory or hide it, so the same
+    computation measured 20 MB in a fresh process and 54-59 MB after other tests had run. A fresh
+    process per side measures the computation, not the history of the process. CUDA's allocator
+    statistics have no such problem, so CUDA is measured in this process.
+    Returns {"naive_bytes", "chunked_bytes", "ratio", ...}.
+    """
+    device, repeats = input_ids.device, max(1, repeats)
+    isolate = device.type == "cpu" if isolate is None else isolate
+    if isolate and device.type != "cpu":
+        raise ValueError(f"isolate=True measures on the CPU only; the batch is on {device}")
+    kw = {"chunk_size": chunk_size, "backward": backward, "head_only": head_only}
+    if isolate:
+        import multiprocessing as mp
+        import tempfile
+        from concurrent.futures import ProcessPoolExecutor
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="harness-mem-") as tmp:
+            path = str(Path(tmp) / "batch.pt")
+            torch.save({"model": model, "input_ids": input_ids, "attention_mask": attention_mask}, path)
+            # two fresh processes side by side (one task each): a probe reads its own resident set only
+            with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
+                args = (path, kw, repeats, torch.get_num_threads())
+                chunk_job = pool.submit(_isolated_side, args[0], "chunked", *args[1:])
+                naive_job = pool.submit(_isolated_side, args[0], "naive", *args[1:])
+                chunk_runs, naive_runs = chunk_job.result(), naive_job.result()
+    else:
+        if device.type == "cpu":
+            _configure_malloc()  # before the warm-up runs, so they allocate the way the measured ones will
+        chunked, naive, clear = _sides(model, input_ids, attention_mask, **kw)
+        chunk_runs = _measure_runs(chunked, clear, device, repeats, backward)
+        naive_runs = _measure_runs(naive, clear, device, repeats, backward)
     chunk_bytes, naive_bytes = min(chunk_runs), min(naive_runs)
     return {
         "naive_bytes": naive_bytes,
@@ -182,4 +239,5 @@ def peak_memory_ratio(
         "backward": backward,
         "device": str(device),
         "repeats": repeats,
+        "isolated": isolate,
     }

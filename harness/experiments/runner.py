@@ -13,6 +13,7 @@ unfinished, it runs here.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -39,7 +40,7 @@ from harness.experiments.point import (
 )
 from harness.experiments.provenance import environment
 from harness.experiments.redact import mask_credentials
-from harness.experiments.sweep import Point, Sweep
+from harness.experiments.sweep import Point, Sweep, merge_manifest
 from harness.experiments.tracking import atomic_write_json, atomic_write_text, ensure_experiment, file_lock
 
 __all__ = ["RunOptions", "SweepResult", "plan", "run_sweep"]
@@ -84,7 +85,12 @@ def _prepare(sweep: Sweep, opts: RunOptions) -> None:
     found = other_configs(folder, {p.id for p in sweep.points}, sweep.base_config(), sweep.axes)
     if found:
         print(warning_text(folder, found), flush=True)
-    atomic_write_json(folder / "sweep.json", sweep.manifest())
+    # a run of part of the sweep (--seeds) keeps the points an earlier run of the same sweep listed
+    try:
+        previous = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    atomic_write_json(folder / "sweep.json", merge_manifest(previous, sweep.manifest()))
     resolve_train_fn(opts.train_fn)  # fail early and clearly when the trainer is missing
     opts.env_info = opts.env_info or environment()
     if opts.mlflow_uri:

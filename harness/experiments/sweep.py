@@ -190,6 +190,58 @@ class Sweep:
         }
 
 
+# the keys two manifests must share to describe one sweep (same base, axes, baseline and metric)
+SAME_SWEEP_KEYS = ("name", "axes", "base_hash", "baseline_variant", "metric")
+
+
+def merge_manifest(old: Any, new: dict[str, Any]) -> dict[str, Any]:
+    """sweep.json for a run into a folder that already has one.
+
+    A run of part of a sweep (`--seeds 2`, say, beside a run of seeds 0 and 1 of the same file)
+    must not drop the points the other run listed: when the old manifest describes the same sweep
+    (SAME_SWEEP_KEYS agree), its points the new run does not list are kept, after the new ones,
+    and the seeds are the union. The command is that of the manifest whose seeds are the union,
+    else the new one with its --seeds widened to the union. Otherwise the new manifest replaces
+    the old (points of another base are kept apart by `analysis`, which warns about them)."""
+    if not isinstance(old, dict) or any(old.get(k) != new.get(k) for k in SAME_SWEEP_KEYS):
+        return new
+    ids = {p["id"] for p in new["points"]}
+    kept = [p for p in old.get("points") or [] if isinstance(p, dict) and p.get("id") and p["id"] not in ids]
+    if not kept:
+        return new
+    out = dict(new)
+    seeds = sorted(set(new["seeds"]) | {int(p["seed"]) for p in kept if isinstance(p.get("seed"), int)})
+    out["seeds"] = seeds
+    known = {v["variant"] for v in new["variants"]}
+    out["variants"] = list(new["variants"]) + [
+        v for v in old.get("variants") or [] if isinstance(v, dict) and v.get("variant") not in known
+    ]
+    order = {v.get("variant"): i for i, v in enumerate(out["variants"])}  # variants, then seeds, as a sweep lists them
+    points = list(new["points"]) + kept
+    out["points"] = sorted(points, key=lambda p: (order.get(p.get("variant"), len(order)), _seed_key(p)))
+    same = [m for m in (new, old) if sorted(m.get("seeds") or []) == seeds and m.get("command")]
+    out["command"] = same[0]["command"] if same else _with_seeds(new.get("command") or "", seeds)
+    return out
+
+
+def _seed_key(point: dict[str, Any]) -> int:
+    seed = point.get("seed")
+    return seed if isinstance(seed, int) else SEED_MAX + 1
+
+
+def _with_seeds(command: str, seeds: list[int]) -> str:
+    """`command` with the value of its --seeds replaced by `seeds` (added when it has none)."""
+    if not command:
+        return command
+    words = shlex.split(command)
+    text = ",".join(map(str, seeds))
+    if "--seeds" in words and words.index("--seeds") + 1 < len(words):
+        words[words.index("--seeds") + 1] = text
+    else:
+        words += ["--seeds", text]
+    return shlex.join(words)
+
+
 # ----------------------------------------------------------------------------- slugs
 def short_key(key: str) -> str:
     """algo.clip.level -> clip.level, algo.agg -> agg, env.options.size -> options.size, turns.max."""

@@ -421,3 +421,31 @@ def test_textworld_runs_are_identical_with_and_without_env_workers(tmp_path):
         assert run_point(point, "tw", RunOptions(results=tmp_path / str(workers)))["status"] == "done"
         rows.append((tmp_path / str(workers) / "tw" / point.id / "metrics.jsonl").read_bytes())
     assert rows[0] and rows[0] == rows[1]
+
+
+def test_a_run_of_some_seeds_keeps_the_points_of_the_rest_in_the_manifest(tmp_path):
+    """`--seeds 2` beside an earlier run of seeds 0 and 1: sweep.json lists all three seeds' points
+    (in the sweep's order), their seeds, and a command that reproduces them; another base replaces it."""
+    from analysis.load import load_results
+
+    path, folder = make_sweep(tmp_path), tmp_path / "results" / "s"
+    full = load_sweep(path)
+    run_sweep(full, opts(tmp_path))
+    more = load_sweep(path, seeds=[2])
+    run_sweep(more, opts(tmp_path))
+    manifest = json.loads((folder / "sweep.json").read_text())
+    everything = load_sweep(path, seeds=[0, 1, 2])
+    assert [p["id"] for p in manifest["points"]] == [p.id for p in everything.points]
+    assert manifest["seeds"] == [0, 1, 2]
+    assert manifest["command"] == f"harness sweep {path} --seeds 0,1,2"
+    assert [p["label"] for p in manifest["points"]] == [p.label for p in everything.points]
+    df = load_results(folder)
+    assert df.attrs["sweep"].seeds == [0, 1, 2] and len(df) == 6 and df["status"].eq("done").all()
+    run_sweep(full, opts(tmp_path))  # the file's own seeds again: still every point listed
+    again = json.loads((folder / "sweep.json").read_text())
+    assert [p["id"] for p in again["points"]] == [p.id for p in everything.points]
+    other = load_sweep(path, ["train.updates=3"])
+    run_sweep(other, opts(tmp_path))  # another base: its own manifest, nothing merged in
+    replaced = json.loads((folder / "sweep.json").read_text())
+    assert [p["id"] for p in replaced["points"]] == [p.id for p in other.points]
+    assert replaced["seeds"] == [0, 1]
