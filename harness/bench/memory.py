@@ -218,10 +218,11 @@ def peak_memory_ratio(
             torch.save({"model": model, "input_ids": input_ids, "attention_mask": attention_mask}, path)
             # two fresh processes side by side (one task each): a probe reads its own resident set only
             with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
-                args = (path, kw, repeats, torch.get_num_threads())
-                chunk_job = pool.submit(_isolated_side, args[0], "chunked", *args[1:])
-                naive_job = pool.submit(_isolated_side, args[0], "naive", *args[1:])
-                chunk_runs, naive_runs = chunk_job.result(), naive_job.result()
+                threads = torch.get_num_threads()
+                jobs = {
+                    side: pool.submit(_isolated_side, path, side, kw, repeats, threads) for side in ("chunked", "naive")
+                }
+                chunk_runs, naive_runs = jobs["chunked"].result(), jobs["naive"].result()
     else:
         if device.type == "cpu":
             _configure_malloc()  # before the warm-up runs, so they allocate the way the measured ones will

@@ -235,8 +235,9 @@ def _with_seeds(command: str, seeds: list[int]) -> str:
         return command
     words = shlex.split(command)
     text = ",".join(map(str, seeds))
-    if "--seeds" in words and words.index("--seeds") + 1 < len(words):
-        words[words.index("--seeds") + 1] = text
+    at = words.index("--seeds") + 1 if "--seeds" in words else len(words)
+    if at < len(words):
+        words[at] = text
     else:
         words += ["--seeds", text]
     return shlex.join(words)
