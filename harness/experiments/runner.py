@@ -1,4 +1,4 @@
-"""Run the points of a sweep: one after another in this process, or `workers` spawned processes.
+"""Run the points of a sweep: one after another in this process, or in `workers` spawned processes.
 
 Every point runs through `harness.experiments.point.run_point` (its folder layout is documented
 there). Re-running skips done and diverged points, retries failed and corrupt ones only with
@@ -187,16 +187,27 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _child(point: Point, sweep: str, opts: RunOptions, q: Any) -> None:
-    """Worker process: the parent stops it with SIGTERM (turned into KeyboardInterrupt here), so a
-    terminal Ctrl-C reaching the whole process group does not hit it twice."""
+def _worker(sweep: str, opts: RunOptions, tasks: Any, q: Any) -> None:
+    """Worker process: runs the points the parent hands it one after another (imports and
+    start-up are paid once per worker, not once per point; a point's numbers do not depend on what
+    ran before it in the process, as in a sequential sweep). The parent stops it with SIGTERM (turned
+    into KeyboardInterrupt here), so a terminal Ctrl-C reaching the whole process group does not hit
+    it twice; None on its queue ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        res = run_point(point, sweep, opts, lambda info: q.put(("update", point.id, dict(info))))
-    except KeyboardInterrupt:
-        res = {"status": "interrupted", "wall_s": None, "error": None}
-    q.put(("end", point.id, res))
+    while True:
+        try:
+            point = tasks.get()
+        except KeyboardInterrupt:
+            return
+        if point is None:
+            return
+        try:
+            res = run_point(point, sweep, opts, lambda info, pid=point.id: q.put(("update", pid, dict(info))))
+        except KeyboardInterrupt:
+            q.put(("end", point.id, {"status": "interrupted", "wall_s": None, "error": None}))
+            return
+        q.put(("end", point.id, res))
 
 
 def _mark_crashed(sweep: str, point: Point, opts: RunOptions, exitcode: int | None) -> dict:
@@ -208,14 +219,31 @@ def _mark_crashed(sweep: str, point: Point, opts: RunOptions, exitcode: int | No
     return {"status": "failed", "wall_s": None, "error": error}
 
 
+@dataclass
+class _Slot:
+    """One worker process, its own task queue and the point it is running (None while idle)."""
+
+    proc: Any
+    tasks: Any
+    point: Point | None = None
+
+
 def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: SweepResult) -> None:
+    """`opts.workers` long-lived worker processes; each takes the next pending point when it is
+    free. A worker that dies fails only the point it was running and is replaced."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     child_opts = RunOptions(
         opts.results, opts.mlflow_uri, spec_string(opts.train_fn), opts.retry_failed, 1, opts.env_info, reuse=opts.reuse
     )
-    pending, active, ended = list(todo), {}, {}
+    pending, slots, ended = list(todo), [], {}
     by_id = {p.id: p for p in todo}
+
+    def new_slot() -> _Slot:
+        tasks = ctx.SimpleQueue()
+        proc = ctx.Process(target=_worker, args=(sweep, child_opts, tasks, q), name=f"harness-worker-{len(slots)}")
+        proc.start()
+        return _Slot(proc, tasks)
 
     def handle(msg: tuple) -> None:
         kind, pid, payload = msg
@@ -224,63 +252,84 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
         elif kind == "end":
             ended[pid] = payload
 
+    def finish(slot: _Slot, res: dict) -> None:
+        pid, slot.point = slot.point.id, None
+        if res["status"] == "interrupted":
+            result.interrupted = True
+            if progress is not None:
+                progress.point_end(pid, "interrupted")
+        else:
+            _record(result, progress, by_id[pid], res)
+
     def reap(stopping: bool = False) -> None:
-        for pid, proc in list(active.items()):
-            if pid not in ended and proc.is_alive():
+        for i, slot in enumerate(slots):
+            if slot.point is None:
+                if not slot.proc.is_alive() and pending and not stopping:  # died between points
+                    slot.proc.join(timeout=5)
+                    slots[i] = new_slot()
                 continue
-            proc.join(timeout=5)
-            if pid not in ended:  # drain what it sent before it exited
-                try:
-                    while pid not in ended:
+            if slot.point.id in ended:
+                finish(slot, ended.pop(slot.point.id))
+            elif not slot.proc.is_alive():
+                slot.proc.join(timeout=5)
+                try:  # drain what it sent before it exited
+                    while slot.point.id not in ended:
                         handle(q.get(timeout=0.5))
+                    res = ended.pop(slot.point.id)
                 except queue_mod.Empty:
-                    ended[pid] = (
-                        {"status": "interrupted"} if stopping else _mark_crashed(sweep, by_id[pid], opts, proc.exitcode)
+                    res = (
+                        {"status": "interrupted"}
+                        if stopping
+                        else _mark_crashed(sweep, slot.point, opts, slot.proc.exitcode)
                     )
-            del active[pid]
-            res = ended.pop(pid)
-            if res["status"] == "interrupted":
-                result.interrupted = True
-                if progress is not None:
-                    progress.point_end(pid, "interrupted")
-            else:
-                _record(result, progress, by_id[pid], res)
+                finish(slot, res)
+                if not stopping and pending:
+                    slots[i] = new_slot()
 
     try:
-        while pending or active:
-            while pending and len(active) < opts.workers:
-                point = pending.pop(0)
-                proc = ctx.Process(target=_child, args=(point, sweep, child_opts, q), name=f"harness-{point.id}")
-                proc.start()
-                active[point.id] = proc
-                if progress is not None:
-                    progress.point_start(point.id, point.config.train.updates)
+        for _ in range(min(opts.workers, len(pending))):
+            slots.append(new_slot())
+        while pending or any(s.point is not None for s in slots):
+            for slot in slots:
+                if slot.point is None and pending and slot.proc.is_alive():
+                    slot.point = pending.pop(0)
+                    slot.tasks.put(slot.point)
+                    if progress is not None:
+                        progress.point_start(slot.point.id, slot.point.config.train.updates)
             try:
                 handle(q.get(timeout=0.5))
             except queue_mod.Empty:
                 pass
             reap()
+        for slot in slots:  # no more work: each worker leaves its loop
+            if slot.proc.is_alive():
+                slot.tasks.put(None)
+        for slot in slots:
+            slot.proc.join(timeout=30)
+            if slot.proc.is_alive():
+                slot.proc.kill()
+                slot.proc.join()
     except KeyboardInterrupt:
         result.interrupted = True
-        _stop_children(active)
+        _stop_children([s.proc for s in slots])
         try:
             reap(stopping=True)
         except KeyboardInterrupt:
             pass
 
 
-def _stop_children(active: dict[str, Any], grace_s: float = 60.0) -> None:
-    """SIGTERM each running worker (it saves and leaves its point resumable); SIGKILL stragglers."""
-    for proc in active.values():
+def _stop_children(procs: list[Any], grace_s: float = 60.0) -> None:
+    """SIGTERM each worker (a running point saves and stays resumable); SIGKILL stragglers."""
+    for proc in procs:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     try:
-        for proc in active.values():
+        for proc in procs:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))
     except KeyboardInterrupt:
         pass
-    for proc in active.values():
+    for proc in procs:
         if proc.is_alive():
             proc.kill()
             proc.join()

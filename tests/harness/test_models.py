@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -206,6 +207,38 @@ def test_sft_warmup_is_cached_and_is_the_reference(tmp_path, monkeypatch):
     assert not q.info["sft_built"]
     with q.reference() as ref:
         torch.testing.assert_close(_logits(ref, ids, mask), warm, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_cache_build_on_two_threads_is_bit_identical_to_one(tmp_path, monkeypatch):
+    # builds run on up to BUILD_THREADS threads while the other points wait on the lock; the
+    # shipped width (128 x 4 layers, 512-wide MLP) with episode-long batches, so that torch
+    # actually splits the work
+    import harness.model.cache as cache
+
+    cfg = RunConfig.model_validate(
+        {
+            "model": {"tiny": {"pretrain_demos": 48, "pretrain_epochs": 1}},
+            "sft": {"demos": 16, "epochs": 1, "lr": 1e-3},
+            "train": {"seed": 3},
+        }
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        policies = {}
+        for n in (1, 2):
+            monkeypatch.setattr(cache, "BUILD_THREADS", n)
+            policies[n] = load_policy(cfg, tmp_path / str(n), "cpu")
+            assert torch.get_num_threads() == 1  # restored after the build
+            for kind in ("models", "sft"):
+                assert json.loads((_entry(tmp_path / str(n) / kind) / "DONE.json").read_text())["threads"] == n
+    finally:
+        torch.set_num_threads(before)
+    for kind in ("models", "sft"):
+        files = [sorted(_entry(tmp_path / str(n) / kind).glob("*.safetensors")) for n in (1, 2)]
+        assert files[0] and [f.name for f in files[0]] == [f.name for f in files[1]]
+        assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*files))
 
 
 @pytest.mark.parametrize("name", ["/nonexistent/model/dir", "./no-such-model", "no-such-org/no-such-model-xyz"])

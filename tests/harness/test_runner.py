@@ -242,6 +242,22 @@ def test_workers_run_points_in_processes_and_survive_a_crash(tmp_path, monkeypat
             check_complete(tmp_path / "results" / "s" / p.id, p.seed, p.config.algo.lr, 6)
 
 
+def test_workers_live_for_the_sweep_and_dead_workers_are_replaced(tmp_path, monkeypatch):
+    # workers live for the whole sweep (start-up once per worker, not per point); the first two
+    # points kill both workers, and fresh workers take the remaining four
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{REPO}")
+    points = "".join(f"  - {{label: lr{x}, algo.lr: {x}}}\n" for x in ["3.0e-4", "4.0e-4", "5.0e-4", "6.0e-4"])
+    grid = "model.name: [fake-crash], algo.lr: [1.0e-4, 2.0e-4]"
+    sweep = load_sweep(make_sweep(tmp_path, points=points, grid=grid, seeds="[0]"))
+    assert [p.config.model.name for p in sweep.points][:3] == ["fake-crash", "fake-crash", "tiny"]
+    result = run_sweep(sweep, RunOptions(results=tmp_path / "results", train_fn="fake_trainer:train", workers=2))
+    assert result.counts["done"] == 4 and result.counts["failed"] == 2
+    pid = {p.id: calls(tmp_path / "results" / "s" / p.id)[0]["pid"] for p in sweep.points}
+    crashed, others = [pid[p.id] for p in sweep.points[:2]], [pid[p.id] for p in sweep.points[2:]]
+    # four points in one or two processes (the replacements), none of them a dead worker or this one
+    assert len(set(others)) < len(others) and not set(others) & {*crashed, os.getpid()}
+
+
 def test_a_worker_that_dies_before_making_its_folder_is_recorded_failed(tmp_path):
     # seen in a sweep under load: a spawned worker died while unpickling its arguments, before
     # run_point made the point's folder; recording the crash must not take the sweep down
