@@ -353,7 +353,8 @@ def check_metrics(wanted: list[str], known: list[str], where: Path) -> None:
     for m in wanted:
         if m in known:
             continue
-        close = difflib.get_close_matches(m, known, n=3, cutoff=0.5)
+        prefixed = m.split("/")[0] in ("final", "best", "init") or m == "collapsed_at"
+        close = difflib.get_close_matches(m if prefixed else f"final/{m}", known, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         finals = [k for k in known if k.startswith("final/")]
         examples = ", ".join(finals[:12]) + (f" and {len(finals) - 12} more" if len(finals) > 12 else "") or "none"
@@ -375,7 +376,10 @@ def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table
     done = results[results["status"].isin(FINISHED)]
     curves = load_curves(path, results)
     if metrics:
-        check_metrics(list(metrics), known_metrics(results, curves), Path(path))
+        known = known_metrics(results, curves)
+        # a metrics.jsonl key means its final value, as in a sweep file's `metric:`
+        metrics = [m if m in known or f"final/{m}" not in known else f"final/{m}" for m in metrics]
+        check_metrics(metrics, known, Path(path))
     wanted = list(metrics or default_metrics(results))
     tasks = load_tasks(Path(path), list(done["point"])) if wanted[0].startswith("final/eval_") else None
     return build_table(results, curves, metrics, tasks=tasks, **kw)

@@ -43,7 +43,8 @@ MetricOpt = Annotated[
         "--metric",
         "-m",
         help="Metric to show; repeatable. Summary metrics (final/…, best/…, init/…, collapsed_at) "
-        "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl; the table's first metric gets the "
+        "or final/<m>, best/<m>, init/<m> of any metric in metrics.jsonl (in `table`, a bare metrics.jsonl key "
+        "means final/<key>, as in a sweep file's metric:); the table's first metric gets the "
         "start, final, gain and Δ columns. Table default: final/eval_greedy/success, collapsed_at, "
         "final/diag/kl_k3; plot default: one figure per metric family.",
     ),

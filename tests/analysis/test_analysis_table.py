@@ -89,6 +89,15 @@ def test_unknown_metric_is_an_error_with_a_did_you_mean(clip_sweep):
     assert table_for(clip_sweep, ["best/diag/kl_k3"])  # derived from metrics.jsonl: known
 
 
+def test_a_metrics_jsonl_key_means_its_final_value_as_in_a_sweep_file(clip_sweep):
+    bare, final = (
+        render(table_for(clip_sweep, [m]), "markdown") for m in ("eval_greedy/success", "final/eval_greedy/success")
+    )
+    assert bare == final
+    with pytest.raises(AnalysisError, match="did you mean final/eval_greedy/success"):
+        table_for(clip_sweep, ["eval_greedy/sucess"])
+
+
 def test_no_sweep_json_still_builds(tmp_path):
     root = make_clip_sweep(tmp_path / "old", with_sweep_json=False)
     text = render(table_for(root), "markdown")
