@@ -40,9 +40,9 @@ from analysis.tasks import (
 
 DEFAULT_METRICS = ("final/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
 METRIC_NAMES = {
-    "final/eval_greedy/success": "final success",
-    "best/eval_greedy/success": "best success",
-    "init/eval_greedy/success": "initial success",
+    "final/eval_greedy/success": "final greedy success",
+    "best/eval_greedy/success": "best greedy success",
+    "init/eval_greedy/success": "initial greedy success",
     "collapsed_at": "collapse (update)",
     "final/diag/kl_k3": "final KL (k3)",
 }
