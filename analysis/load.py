@@ -321,6 +321,9 @@ def load_curves(
     return df
 
 
+SUMMARY_PREFIXES = ("final", "best", "init")  # <prefix>/<m>: a metrics.jsonl metric summarised per point
+
+
 def resolve_metric(results: pd.DataFrame, curves: pd.DataFrame | None, name: str) -> pd.Series:
     """Per-point values of `name` (aligned with `results`): a summary column when present, else
     derived from the curves: `final/<m>` = last logged value, `best/<m>` = max, `init/<m>` = the
@@ -329,7 +332,7 @@ def resolve_metric(results: pd.DataFrame, curves: pd.DataFrame | None, name: str
         return pd.to_numeric(results[name], errors="coerce").astype(float)
     out = pd.Series(math.nan, index=results.index, dtype=float)
     prefix, _, base = name.partition("/")
-    if curves is None or curves.empty or prefix not in ("final", "best", "init") or not base:
+    if curves is None or curves.empty or prefix not in SUMMARY_PREFIXES or not base:
         return out
     c = curves[curves["metric"] == base].dropna(subset=["value"]).sort_values(["point", "update"])
     if c.empty:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, Block, build_block
 from analysis.integrity import CORRUPT
-from analysis.load import FINISHED, AnalysisError, load_curves, load_results, resolve_metric
+from analysis.load import FINISHED, SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
 from analysis.stats import N_BOOT, Estimate, bootstrap_ci
 from analysis.table_text import caption, keys_and_header, notes, provenance, summary_lines
@@ -344,7 +344,7 @@ def known_metrics(results: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
     skip = {"seed", "collapse_recorded", "collapsed_reason", "has_metrics"}
     summary = [c for c in results.columns if ("/" in c or c == "collapsed_at") and c not in skip]
     summary = [c for c in summary if c == "collapsed_at" or pd.to_numeric(results[c], errors="coerce").notna().any()]
-    derived = [f"{p}/{m}" for m in sorted(curves["metric"].unique()) for p in ("final", "best", "init")]
+    derived = [f"{p}/{m}" for m in sorted(curves["metric"].unique()) for p in SUMMARY_PREFIXES]
     return list(dict.fromkeys(summary + derived))
 
 
@@ -353,7 +353,7 @@ def check_metrics(wanted: list[str], known: list[str], where: Path) -> None:
     for m in wanted:
         if m in known:
             continue
-        prefixed = m.split("/")[0] in ("final", "best", "init") or m == "collapsed_at"
+        prefixed = m.split("/")[0] in SUMMARY_PREFIXES or m == "collapsed_at"
         close = difflib.get_close_matches(m if prefixed else f"final/{m}", known, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         finals = [k for k in known if k.startswith("final/")]

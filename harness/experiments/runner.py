@@ -13,6 +13,7 @@ unfinished, it runs here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -238,10 +239,11 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
     )
     pending, slots, ended = list(todo), [], {}
     by_id = {p.id: p for p in todo}
+    serial = itertools.count()  # worker names, replacements included
 
     def new_slot() -> _Slot:
         tasks = ctx.SimpleQueue()
-        proc = ctx.Process(target=_worker, args=(sweep, child_opts, tasks, q), name=f"harness-worker-{len(slots)}")
+        proc = ctx.Process(target=_worker, args=(sweep, child_opts, tasks, q), name=f"harness-worker-{next(serial)}")
         proc.start()
         return _Slot(proc, tasks)
 
@@ -263,14 +265,9 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
 
     def reap(stopping: bool = False) -> None:
         for i, slot in enumerate(slots):
-            if slot.point is None:
-                if not slot.proc.is_alive() and pending and not stopping:  # died between points
-                    slot.proc.join(timeout=5)
-                    slots[i] = new_slot()
-                continue
-            if slot.point.id in ended:
+            if slot.point is not None and slot.point.id in ended:
                 finish(slot, ended.pop(slot.point.id))
-            elif not slot.proc.is_alive():
+            elif slot.point is not None and not slot.proc.is_alive():
                 slot.proc.join(timeout=5)
                 try:  # drain what it sent before it exited
                     while slot.point.id not in ended:
@@ -283,8 +280,9 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
                         else _mark_crashed(sweep, slot.point, opts, slot.proc.exitcode)
                     )
                 finish(slot, res)
-                if not stopping and pending:
-                    slots[i] = new_slot()
+            if slot.point is None and not slot.proc.is_alive() and pending and not stopping:  # a dead worker
+                slot.proc.join(timeout=5)
+                slots[i] = new_slot()
 
     try:
         for _ in range(min(opts.workers, len(pending))):

@@ -226,10 +226,9 @@ def test_a_cache_build_on_two_threads_is_bit_identical_to_one(tmp_path, monkeypa
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        policies = {}
         for n in (1, 2):
             monkeypatch.setattr(cache, "BUILD_THREADS", n)
-            policies[n] = load_policy(cfg, tmp_path / str(n), "cpu")
+            load_policy(cfg, tmp_path / str(n), "cpu")
             assert torch.get_num_threads() == 1  # restored after the build
             for kind in ("models", "sft"):
                 assert json.loads((_entry(tmp_path / str(n) / kind) / "DONE.json").read_text())["threads"] == n
