@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from algorithms.registry import UnknownChoiceError
 from envs.registry import validate_options
 from harness.model.supervised import collect_demos, encode_demo
 from harness.transcript.chat import ChatFormat
@@ -90,12 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as e:
         print(f"error: OPTIONS_JSON {a.options!r} is not JSON ({e.msg})", file=sys.stderr)
         return 2
+    if not isinstance(options, dict):
+        print(f"error: OPTIONS_JSON {a.options!r} must be a JSON object of env options", file=sys.stderr)
+        return 2
     if not (Path(a.model_dir) / "config.json").is_file():
         print(f"error: MODEL_DIR {a.model_dir!r} is not a model folder (no config.json in it)", file=sys.stderr)
         return 2
     try:
         validate_options(a.env, options)
-    except Exception as e:  # unknown env or bad options: the registry's message names both
+    except (UnknownChoiceError, ValueError) as e:  # the registry's messages name the env or option and the valid ones
         print(f"error: {e}", file=sys.stderr)
         return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -53,3 +53,8 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys):
     assert "usr" in err and "tooluse" in err
     assert main([str(tmp_path), "user", "{not json"]) == 2
     assert "not JSON" in capsys.readouterr().err
+    assert main([str(tmp_path), "user", "[1]"]) == 2
+    assert "must be a JSON object" in capsys.readouterr().err
+    assert main([str(tmp_path), "user", '{"max_items": "x"}']) == 2
+    err = capsys.readouterr().err
+    assert "max_items" in err and "Valid options" in err
