@@ -159,6 +159,12 @@ class EnvConfig(Strict):
         0, "Size of the training task pool (0 = a fresh task seed for every group).", ge=0, le=MAX_COUNT
     )
     heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1, le=MAX_COUNT)
+    skip_demo_tasks: bool = F(
+        False,
+        "RL's train tasks (and the env.train_tasks pool) start after the train seeds the model's expert "
+        "demonstrations came from (tiny-model pre-training, SFT warm-up), so RL never trains on a task the "
+        "model imitated. Off: they start at the first train seed and overlap the demonstrations.",
+    )
     workers: int = F(
         0,
         "Worker processes stepping environments (0 = in-process). Use >0 for TextWorld, whose interpreter can crash.",

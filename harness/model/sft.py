@@ -56,6 +56,13 @@ def _demo_start(base_info: dict) -> int:
     return int(base_info.get("base_info", {}).get("demo_seed_index", 0))
 
 
+def demo_seeds_used(info: dict) -> int:
+    """How many train seeds (a prefix of the env's train sequence) the model's expert demonstrations
+    came from: the tiny model's pre-training, then the SFT warm-up, which starts where that ends."""
+    sft = info.get("sft_info", {}).get("demo_seeds")
+    return int(sft[1]) if sft else _demo_start(info)
+
+
 def sft_warmup(cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, device) -> tuple[str, dict]:
     """(folder of the model RL starts from, provenance): the cached warm-up, or `source` itself
     when `sft.demos` is 0 (see the module docstring)."""

@@ -34,6 +34,7 @@ from harness.diagnostics.episode_metrics import episode_metrics, group_reward_st
 from harness.diagnostics.mi_proxy import distinct_prompt_pairs, mi_proxy
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
+from harness.model.sft import demo_seeds_used
 from harness.rl import evaluate as evaluation
 from harness.rl.act import (
     ACT_GROUP_BASE,
@@ -138,8 +139,11 @@ class Trainer:
         self.markers = self.env.observation_markers
         # env.mixture: metrics of every member apart (env/<label>/..., eval_<mode>/<label>/...)
         self.env_of = member_labels(self.env)
+        # env.skip_demo_tasks: RL's train tasks start after the demonstrations' train seeds
+        self.task_offset = demo_seeds_used(info) if cfg.env.skip_demo_tasks else 0
+        off = self.task_offset
         self.train_pool = (
-            ENVS.get(cfg.env.name).task_seeds("train", cfg.env.train_tasks, cfg.env.options)
+            ENVS.get(cfg.env.name).task_seeds("train", off + cfg.env.train_tasks, cfg.env.options)[off:]
             if cfg.env.train_tasks
             else None
         )
@@ -168,7 +172,7 @@ class Trainer:
                 self.train_pool[i] for i in rng.choice(len(self.train_pool), size=k, replace=k > len(self.train_pool))
             ]
         # a fresh task for every group: the (update, round) block of the train seed sequence
-        start = (update * (1 + self.cfg.algo.filter.max_extra_rounds) + round_) * k
+        start = self.task_offset + (update * (1 + self.cfg.algo.filter.max_extra_rounds) + round_) * k
         seeds = ENVS.get(self.cfg.env.name).task_seeds("train", start + k, self.cfg.env.options)
         return seeds[start:]
 

@@ -287,3 +287,47 @@ def test_local_path_and_dtype(lora_policy):
     p = load_policy(small_cfg(**{"model.name": name, "model.dtype": "bfloat16"}), "/nonexistent-cache", "cpu")
     assert p.info["base"] == name and next(p.model.parameters()).dtype == torch.bfloat16
     assert p.chat.eot_id == lora_policy.chat.eot_id
+
+
+def test_skip_demo_tasks_starts_rl_after_the_demonstrations(tmp_path, monkeypatch):
+    from envs.registry import ENVS
+    from harness.experiments.tracking import RunLogger
+    from harness.rl.trainer import Trainer
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    train = ENVS.get("frozenlake").task_seeds("train", 400)
+    sft = {"sft.demos": 6, "sft.epochs": 1, "sft.lr": 1e-2, "sft.batch_size": 3}
+    for over, used in (({}, 12), (sft, None)):
+        on = Trainer(small_cfg(**over, **{"env.skip_demo_tasks": True}), tmp_path / "on", RunLogger(tmp_path / "lon"))
+        off = Trainer(small_cfg(**over), tmp_path / "off", RunLogger(tmp_path / "loff"))
+        info = on.policy.info
+        if used is None:  # the warm-up's demonstrations follow the pre-training's 12
+            used = info["sft_info"]["demo_seeds"][1]
+            assert used > 12
+        demo_seeds = set(train[:used])
+        assert on.task_offset == used and off.task_offset == 0
+        k = on.cfg.rollout.tasks_per_update
+        assert on._train_tasks(0, 0) == train[used : used + k] and off._train_tasks(0, 0) == train[:k]
+        assert not demo_seeds & {s for u in range(5) for s in on._train_tasks(u, 0)}
+        on.close(), off.close()
+    pool = Trainer(
+        small_cfg(**{"env.skip_demo_tasks": True, "env.train_tasks": 5}), tmp_path / "p", RunLogger(tmp_path / "lp")
+    )
+    assert pool.train_pool == train[12:17]
+    pool.close()
+
+
+def test_import_harness_makes_waiting_openmp_threads_sleep():
+    # scheduling only (a cache build beside other workers does not spin on their cores); an
+    # explicit setting wins
+    import subprocess
+    import sys
+
+    code = "import os, harness; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+    def policy(e: dict) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
+
+    assert policy(env).strip() == "PASSIVE"
+    assert policy({**env, "OMP_WAIT_POLICY": "ACTIVE"}).strip() == "ACTIVE"
