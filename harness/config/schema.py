@@ -161,9 +161,9 @@ class EnvConfig(Strict):
     heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1, le=MAX_COUNT)
     skip_demo_tasks: bool = F(
         False,
-        "RL's train tasks (and the env.train_tasks pool) start after the train seeds the model's expert "
-        "demonstrations came from (tiny-model pre-training, SFT warm-up), so RL never trains on a task the "
-        "model imitated. Off: they start at the first train seed and overlap the demonstrations.",
+        "RL's train tasks (rollouts, ACT questions, the env.train_tasks pool) start after the train seeds "
+        "the model's expert demonstrations came from (tiny-model pre-training, SFT warm-up), so RL never "
+        "trains on a task the model imitated. Off: they start at the first train seed and overlap the demonstrations.",
     )
     workers: int = F(
         0,

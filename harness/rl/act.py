@@ -137,11 +137,16 @@ def same_action(env, a: str, b: str) -> bool:
 
 
 @torch.no_grad()
-def build_questions(cfg: RunConfig, model, chat, update: int, n: int) -> tuple[list[Question], dict[str, float]]:
-    """`n` questions for `update` (fewer only when every candidate state is degenerate) and act/* stats."""
+def build_questions(
+    cfg: RunConfig, model, chat, update: int, n: int, task_offset: int = 0
+) -> tuple[list[Question], dict[str, float]]:
+    """`n` questions for `update` (fewer only when every candidate state is degenerate) and act/* stats.
+
+    task_offset: train seeds skipped first, as for the RL tasks (env.skip_demo_tasks)."""
     rng = np.random.default_rng([cfg.train.seed, update, ACT_SALT])
     candidates = 3 * n
-    start = (update * 3 + 1) * candidates  # train seeds apart from the RL tasks' blocks of early updates
+    # train seeds apart from the RL tasks' blocks of early updates
+    start = task_offset + (update * 3 + 1) * candidates
     seeds = ENVS.get(cfg.env.name).task_seeds("train", start + candidates, cfg.env.options)[start:]
     states = _expert_states(cfg, seeds, rng)
     rows = [chat.prompt(instr, state) for instr, state, _, _ in states]

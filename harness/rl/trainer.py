@@ -398,7 +398,7 @@ class Trainer:
         """ACT questions of `update` (harness.rl.act) answered `group_size` times each by the policy."""
         c, G = self.cfg, self.cfg.rollout.group_size
         model = self.sampler.model()
-        questions, stats = build_questions(c, model, self.policy.chat, update, n)
+        questions, stats = build_questions(c, model, self.policy.chat, update, n, self.task_offset)
         tasks = [(q, ACT_GROUP_BASE + q) for q in range(len(questions)) for _ in range(G)]
         if not tasks:
             return [], stats

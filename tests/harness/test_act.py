@@ -34,6 +34,19 @@ def test_questions_pair_the_expert_with_a_sampled_action(env):
     }
 
 
+def test_questions_skip_the_demonstration_seeds_with_an_offset(env, monkeypatch):
+    import harness.rl.act as act
+
+    cfg, seen = cfg_of(), []
+    real = act._expert_states
+    monkeypatch.setattr(act, "_expert_states", lambda c, seeds, rng: seen.append(seeds) or real(c, seeds, rng))
+    t = env.trainer(cfg)
+    build_questions(cfg, t.policy.model, t.policy.chat, update=3, n=6)
+    build_questions(cfg, t.policy.model, t.policy.chat, update=3, n=6, task_offset=40)
+    train = type(make_env("frozenlake")).task_seeds("train", 40 + 11 * 18)
+    assert seen[0] == train[10 * 18 : 11 * 18] and seen[1] == train[40 + 10 * 18 : 40 + 11 * 18]
+
+
 def test_the_question_env_rewards_the_expert_letter():
     from harness.rl.act import Question
 
