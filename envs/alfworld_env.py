@@ -14,9 +14,21 @@ Two sources of games (option `source`):
 Both play through TextWorld's PDDL backend with alfworld's domain, grammar and entity naming.
 Task types cycle with the seed (seed 2k and 2k+1 play `task_types[k % len(task_types)]` when
 generated). Train tasks are the even seeds, held-out tasks the odd ones.
-Expert: fast-downward's plan from the current state (kept while followed, replanned after a
-detour). It knows where every object is, unlike an agent, so its demonstrations go straight
-to hidden objects. Reward: 1.0 on success (the game has no intermediate points).
+Expert (option `expert`):
+* "planner" (default): fast-downward's plan from the current state (kept while followed,
+  replanned after a detour). It knows where every object is, unlike an agent, so its
+  demonstrations go straight to hidden objects, which a policy that sees only the
+  observations cannot imitate.
+* "search" (generated games): looks for the task's object the way an observation-only agent
+  must. It remembers what each observation showed; takes a target object it can see (never
+  from a receptacle of the goal's type); otherwise goes to a remembered receptacle that holds
+  one, opens the closed receptacle it stands at, or goes to the next unsearched receptacle:
+  first those that can hold the object's type (ALFRED's object/receptacle table, the common
+  sense a person brings), in the order of the admissible commands, then the others. Once it
+  holds a target object the planner finishes the task (carrying it to the goal receptacle and
+  heating, cooling or cleaning on the way); for look_at_obj_in_light that part still walks
+  straight to the lamp, whose place the agent has not necessarily seen.
+Reward: 1.0 on success (the game has no intermediate points).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -78,6 +91,11 @@ class AlfWorldOptions(TextGameOptions):
         12, ge=4, le=60, description="receptacles per generated game (ALFRED scenes have 3-47)"
     )
     nb_distractors: int = Field(8, ge=0, le=60, description="objects per generated game besides the task's")
+    expert: Literal["planner", "search"] = Field(
+        "planner",
+        description="'planner': fast-downward's plan (knows where hidden objects are); 'search': "
+        "looks for the object from what it has seen, then plans (generated games only)",
+    )
 
     @field_validator("task_types")
     @classmethod
@@ -214,6 +232,7 @@ class AlfWorld(TextGameEnv):
         self._plan: list[str] = []
         self._plan_key = ""
         self._walkthrough: list[str] = []
+        self._search = _Search("")
         self.source, self._splits = self._resolve_source()
 
     def _resolve_source(self):
@@ -225,6 +244,12 @@ class AlfWorld(TextGameEnv):
         }
         if o.source == "generated" or (o.source == "auto" and folders["train"] is None):
             return "generated", None
+        if o.expert == "search":
+            raise ValueError(
+                f"env option expert='search' needs generated games (source: generated); the official "
+                f"games under {str(root)!r} do not record the task's object. Allowed with official "
+                "games: expert: planner"
+            )
         missing = [s for s, f in folders.items() if f is None]
         if missing:
             raise ValueError(
@@ -301,6 +326,8 @@ class AlfWorld(TextGameEnv):
             self._path = path
             self._walkthrough = list(env._game_data.get("walkthrough") or [])
         self._state = env.reset()
+        task = env._game_data.get("task") or {}
+        self._search = _Search(str(task.get("object_target", "")), str(task.get("parent_target", "")))
         view = self._view(self._state["feedback"])
         self._plan, self._plan_key = list(self._walkthrough), view.state_key
         intro = compact_lines(self._state["feedback"].replace("-= Welcome to TextWorld, ALFRED! =-", ""))
@@ -312,6 +339,7 @@ class AlfWorld(TextGameEnv):
         before = self.view.state_key
         self._state, _, _ = self._tw.step(command)
         view = self._view(self._state["feedback"])
+        self._search.observe(command, self._state["feedback"])
         if self._plan and self._plan_key == before and self._plan[0] == command:
             self._plan, self._plan_key = self._plan[1:], view.state_key
         return view
@@ -331,7 +359,14 @@ class AlfWorld(TextGameEnv):
             state_key=state_digest("/".join(self._path.parts[-3:]), facts),
         )
 
+    def _holds(self) -> bool:
+        return any(f.name == "holds" for f in self._state["_facts"])
+
     def _expert_command(self) -> str:
+        if self.options.expert == "search" and not self._holds():
+            command = self._search.next_command(self.view.commands)
+            if command is not None:
+                return command
         if not (self._plan and self._plan_key == self.view.state_key and self._plan[0] in self.view.commands):
             pddl = self._tw._pddl_state
             self._plan = list(pddl.replan(self._tw._entity_infos))
@@ -339,3 +374,80 @@ class AlfWorld(TextGameEnv):
         if self._plan and self._plan[0] in self.view.commands:
             return self._plan[0]
         return "look"
+
+
+# ----------------------------------------------------------------------------- search expert
+_ARRIVE = re.compile(r"You arrive at (.+?)\.")
+_OPEN = re.compile(r"You open the (.+?)\.")
+_CLOSE = re.compile(r"You close the (.+?)\.")
+_TAKEN = re.compile(r"You pick up the (.+?) from the (.+?)\.")
+_PUT = re.compile(r"You (?:move|put) the (.+?) (?:to|in|on) the (.+?)\.")
+_ITEM = re.compile(r"(?:a|an) ([a-z]+ \d+)")
+_TAKE = re.compile(r"take ([a-z]+) \d+ from (.+)")
+_RECEPTACLE_TYPE = {kind.lower(): kind for kind in alfworld_gen.C.RECEPTACLES}
+
+
+def _kind(name: str) -> str:
+    """'sinkbasin 1' -> 'SinkBasin' (ALFRED's type name, '' when unknown)."""
+    return _RECEPTACLE_TYPE.get(name.rsplit(" ", 1)[0], "")
+
+
+class _Search:
+    """What an observation-only agent knows of one episode, and where it would look next.
+
+    It reads only the feedback of the commands sent (arrivals, opened receptacles, objects
+    picked up and put down) and the admissible commands; the target and goal receptacle are
+    the ones the task text names."""
+
+    def __init__(self, target: str, goal: str = ""):
+        self.target_type, self.target, self.goal = target, target.lower(), goal
+        self.here = ""
+        self.contents: dict[str, set[str]] = {}  # receptacle -> objects last seen in it
+        self.searched: set[str] = set()
+
+    def observe(self, command: str, feedback: str) -> None:
+        text = " ".join(feedback.split())
+        if m := _ARRIVE.match(text):
+            self.here = m[1]
+            if "is closed" not in text:
+                self._saw(m[1], text)
+        elif m := _OPEN.match(text):
+            self._saw(m[1], text)
+        elif m := _TAKEN.match(text):
+            self.contents.get(m[2], set()).discard(m[1])
+        elif m := _PUT.match(text):
+            self.contents.setdefault(m[2], set()).add(m[1])
+        elif _CLOSE.match(text) is None and command.startswith("go to "):
+            self.here = command[len("go to ") :]
+
+    def _saw(self, receptacle: str, text: str) -> None:
+        _, _, listed = text.partition("you see")
+        self.contents[receptacle] = set(_ITEM.findall(listed))
+        self.searched.add(receptacle)
+
+    def _has_target(self, objects: set[str]) -> bool:
+        return any(o.rsplit(" ", 1)[0] == self.target for o in objects)
+
+    def _wanted(self, receptacle: str) -> bool:
+        return _kind(receptacle) != self.goal
+
+    def next_command(self, commands: list[str]) -> str | None:
+        """The search step, or None when there is nothing left to search (the planner decides)."""
+        if not self.target:
+            return None
+        for command in commands:
+            m = _TAKE.fullmatch(command)
+            if m and m[1] == self.target and self._wanted(m[2]):
+                return command
+        remembered = sorted(r for r, objs in self.contents.items() if self._wanted(r) and self._has_target(objs))
+        places = [c[len("go to ") :] for c in commands if c.startswith("go to ")]
+        for r in remembered:
+            if r in places:
+                return f"go to {r}"
+        if self.here and self.here not in self.searched and f"open {self.here}" in commands:
+            return f"open {self.here}"
+        unsearched = [r for r in places if r not in self.searched and self._wanted(r)]
+        likely = [r for r in unsearched if alfworld_gen.fits(self.target_type, _kind(r))]
+        for r in likely + [r for r in unsearched if r not in likely]:
+            return f"go to {r}"
+        return None

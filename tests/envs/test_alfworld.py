@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -196,3 +197,109 @@ def test_playing_leaves_the_process_environment_as_it_was(cache, monkeypatch):
     before = dict(os.environ)
     assert expert_run(make(cache), 0).info["won"]
     assert dict(os.environ) == before
+
+
+def test_search_expert_wins_by_looking_not_by_knowing(cache):
+    """The search expert wins every type, takes only objects the last observation showed, and
+    searches each receptacle at most once before it holds the target."""
+    env = make(cache, expert="search")
+    for seed in SEEDS:
+        obs, _ = env.reset(seed)
+        actions, shown = [], obs.split("Available actions:")[0]
+        result = None
+        for _ in range(40):
+            action = env.expert_action()
+            if action.startswith("take "):
+                assert action.split(" from ")[0][len("take ") :] in shown, (seed, action, shown)
+            actions.append(action)
+            result = env.step(action)
+            shown = result.observation.split("Available actions:")[0]  # the feedback, not the commands
+            if result.done:
+                break
+        assert result.info["won"], f"seed {seed}: {actions}"
+        first_take = next(i for i, a in enumerate(actions) if a.startswith("take "))
+        visits = [a for a in actions[:first_take] if a.startswith("go to ")]
+        assert len(visits) == len(set(visits)), actions
+
+
+def test_search_expert_finds_what_the_planner_reaches_directly(cache):
+    """Before its first take the planner goes straight to the object; the search expert goes to
+    receptacles that can hold the object's type first, and needs at least as many steps."""
+    for seed in SEEDS:
+        counts = []
+        for expert in ("planner", "search"):
+            env = make(cache, expert=expert)
+            env.reset(seed)
+            steps, result = 0, None
+            while result is None or not result.done:
+                result, steps = env.step(env.expert_action()), steps + 1
+            assert result.info["won"]
+            counts.append(steps)
+        assert counts[1] >= counts[0], (seed, counts)
+
+
+def test_search_expert_recovers_after_detours(cache):
+    env, rng = make(cache, expert="search"), random.Random(1)
+    for seed in (0, 1, 3, 5):
+        assert expert_run(env, seed, detour=6, rng=rng).info["won"], f"seed {seed}"
+
+
+def test_search_expert_needs_generated_games(cache, tmp_path):
+    root = tmp_path / "alfworld_data"
+    trial = root / "json_2.1.1" / "train" / "pick_and_place_simple-X-None-Y-0" / "trial_1"
+    trial.mkdir(parents=True)
+    shutil.copy(make(cache).game_file(0), trial / "game.tw-pddl")
+    (root / "json_2.1.1" / "valid_unseen").mkdir(parents=True)
+    with pytest.raises(ValueError, match="expert='search' needs generated games"):
+        AlfWorld({"cache_dir": str(cache), "data_dir": str(root), "expert": "search"})
+    with pytest.raises(Exception, match="expert"):
+        AlfWorld({"expert": "oracle"})
+
+
+def _relocated(path, folder):
+    """The same game with every target object moved to another receptacle that can hold it:
+    the first observation is unchanged, only the hidden state differs."""
+    data = json.loads(path.read_text())
+    task, problem = data["task"], data["pddl_problem"]
+    kinds = re.findall(r"\(receptacleType (\S+) (\S+)Type\)", problem)
+    locations = dict(re.findall(r"\(receptacleAtLocation (\S+) (\S+)\)", problem))
+    targets = re.findall(rf"\(objectType (\w+) {task['object_target']}Type\)", problem)
+    now = {re.search(rf"\(inReceptacle {o} (\S+)\)", problem)[1] for o in targets}
+    elsewhere = [
+        r
+        for r, kind in kinds
+        if alfworld_gen.fits(task["object_target"], kind) and kind != task["parent_target"] and r not in now
+    ]
+    if not elsewhere:
+        return None
+    for o in targets:
+        problem = re.sub(rf"\(inReceptacle {o} \S+\)", f"(inReceptacle {o} {elsewhere[0]})", problem)
+        problem = re.sub(rf"\(objectAtLocation {o} \S+\)", f"(objectAtLocation {o} {locations[elsewhere[0]]})", problem)
+    data.update(pddl_problem=problem, walkthrough=None)
+    out = folder / path.name
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_search_expert_does_not_know_where_hidden_objects_are(cache, tmp_path, monkeypatch):
+    """Moving the target object changes the planner's first step, never the search expert's: the
+    first observation is the same, and that is all the search expert has seen."""
+    planner_moved = 0
+    for seed in SEEDS:
+        moved = _relocated(make(cache).game_file(seed), tmp_path)
+        if moved is None:
+            continue
+        first = {}
+        for expert in ("planner", "search"):
+            for path in (None, moved):
+                env = make(cache, expert=expert)
+                if path is not None:
+                    monkeypatch.setattr(env, "game_file", lambda s, p=path: p)
+                obs, _ = env.reset(seed)
+                first[expert, path] = (obs, env.expert_action())
+                if path is not None:  # the moved game is still won
+                    assert expert_run(env, seed).info["won"], (expert, seed)
+        assert first["search", None] == first["search", moved], seed
+        assert first["planner", None][0] == first["planner", moved][0]  # same first observation
+        planner_moved += first["planner", None][1] != first["planner", moved][1]
+    assert planner_moved >= 2  # the test can tell: the planner heads for the object's new place
