@@ -216,7 +216,7 @@ def _alfworld_wrappers():
 
 @ENVS.register(
     "alfworld",
-    doc="ALFWorld household tasks as text (6 task types); official games or built-in generator; planner expert",
+    doc="ALFWorld household tasks as text (6 task types); official or generated games; planner or search expert",
     source="Shridhar et al. 2021 (ALFWorld); games via TextWorld's PDDL backend",
 )
 class AlfWorld(TextGameEnv):
