@@ -339,7 +339,7 @@ class AlfWorld(TextGameEnv):
         before = self.view.state_key
         self._state, _, _ = self._tw.step(command)
         view = self._view(self._state["feedback"])
-        self._search.observe(command, self._state["feedback"])
+        self._search.observe(self._state["feedback"])
         if self._plan and self._plan_key == before and self._plan[0] == command:
             self._plan, self._plan_key = self._plan[1:], view.state_key
         return view
@@ -379,7 +379,6 @@ class AlfWorld(TextGameEnv):
 # ----------------------------------------------------------------------------- search expert
 _ARRIVE = re.compile(r"You arrive at (.+?)\.")
 _OPEN = re.compile(r"You open the (.+?)\.")
-_CLOSE = re.compile(r"You close the (.+?)\.")
 _TAKEN = re.compile(r"You pick up the (.+?) from the (.+?)\.")
 _PUT = re.compile(r"You (?:move|put) the (.+?) (?:to|in|on) the (.+?)\.")
 _ITEM = re.compile(r"(?:a|an) ([a-z]+ \d+)")
@@ -405,7 +404,7 @@ class _Search:
         self.contents: dict[str, set[str]] = {}  # receptacle -> objects last seen in it
         self.searched: set[str] = set()
 
-    def observe(self, command: str, feedback: str) -> None:
+    def observe(self, feedback: str) -> None:
         text = " ".join(feedback.split())
         if m := _ARRIVE.match(text):
             self.here = m[1]
@@ -417,8 +416,6 @@ class _Search:
             self.contents.get(m[2], set()).discard(m[1])
         elif m := _PUT.match(text):
             self.contents.setdefault(m[2], set()).add(m[1])
-        elif _CLOSE.match(text) is None and command.startswith("go to "):
-            self.here = command[len("go to ") :]
 
     def _saw(self, receptacle: str, text: str) -> None:
         _, _, listed = text.partition("you see")
@@ -448,6 +445,5 @@ class _Search:
             return f"open {self.here}"
         unsearched = [r for r in places if r not in self.searched and self._wanted(r)]
         likely = [r for r in unsearched if alfworld_gen.fits(self.target_type, _kind(r))]
-        for r in likely + [r for r in unsearched if r not in likely]:
-            return f"go to {r}"
-        return None
+        order = likely + [r for r in unsearched if r not in likely]
+        return f"go to {order[0]}" if order else None

@@ -223,8 +223,8 @@ def test_search_expert_wins_by_looking_not_by_knowing(cache):
 
 
 def test_search_expert_finds_what_the_planner_reaches_directly(cache):
-    """Before its first take the planner goes straight to the object; the search expert goes to
-    receptacles that can hold the object's type first, and needs at least as many steps."""
+    """The planner goes straight to the object; the search expert, which has to look for it,
+    needs at least as many steps to win."""
     for seed in SEEDS:
         counts = []
         for expert in ("planner", "search"):
