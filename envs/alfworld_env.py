@@ -50,6 +50,7 @@ from envs import alfworld_gen
 from envs.registry import ENVS
 from envs.stage import count
 from envs.text_game import (
+    GOAL_HEADER,
     GameView,
     TextGameEnv,
     TextGameOptions,
@@ -95,6 +96,11 @@ class AlfWorldOptions(TextGameOptions):
         "planner",
         description="'planner': fast-downward's plan (knows where hidden objects are); 'search': "
         "looks for the object from what it has seen, then plans (generated games only)",
+    )
+    goal_every_turn: bool = Field(
+        False,
+        description="repeat the goal line above every observation, not only the first (verl-agent's "
+        "ALFWorld prompt restates the task each step); off: the goal appears once, at reset",
     )
 
     @field_validator("task_types")
@@ -334,6 +340,12 @@ class AlfWorld(TextGameEnv):
         room, _, goal = intro.partition("Your task is to:")
         view.feedback = room.strip()
         return goal.strip() or "(no task text)", view
+
+    def _apply(self, command: str) -> str:
+        feedback = super()._apply(command)
+        if self.options.goal_every_turn:
+            feedback = f"{GOAL_HEADER} {self.goal}\n{feedback}"
+        return feedback
 
     def _send(self, command: str) -> GameView:
         before = self.view.state_key

@@ -126,6 +126,28 @@ def test_observation_format(cache):
     assert len(obs) < 1500
 
 
+def test_goal_every_turn_repeats_the_goal_and_changes_nothing_else(cache):
+    """The option adds the reset's goal line above each later observation; off (the default),
+    the goal appears once. The game itself (actions, feedback, rewards, outcome) is the same."""
+    plain, restated = make(cache), make(cache, goal_every_turn=True)
+    first, _ = plain.reset(3)
+    first_r, _ = restated.reset(3)
+    assert first == first_r and first.count("Goal: ") == 1
+    goal = first.splitlines()[0]
+    turns = 0
+    while True:
+        action = plain.expert_action()
+        assert restated.expert_action() == action
+        a, b = plain.step(action), restated.step(action)
+        turns += 1
+        assert "Goal: " not in a.observation
+        assert b.observation == f"{goal}\n{a.observation}"
+        assert (a.reward, a.done, a.info["won"]) == (b.reward, b.done, b.info["won"])
+        if a.done:
+            break
+    assert a.info["won"] and turns >= 2
+
+
 def test_choice_format(cache):
     env = make(cache, action_format="choice")
     obs, info = env.reset(4)
