@@ -28,6 +28,8 @@ Expert (option `expert`):
   holds a target object the planner finishes the task (carrying it to the goal receptacle and
   heating, cooling or cleaning on the way); for look_at_obj_in_light that part still walks
   straight to the lamp, whose place the agent has not necessarily seen.
+Observations: the goal once, at reset, as in every text game; with option `goal_every_turn` the
+goal line is repeated above every later observation too (verl-agent restates the task each step).
 Reward: 1.0 on success (the game has no intermediate points).
 """
 
