@@ -70,6 +70,15 @@ FAMILIES = (
         ),
         ("update",),
     ),
+    Family(  # Sokoban with `deadlock` on only: episodes that end with a box on a dead cell
+        "deadlock",
+        "held-out deadlock rate (episodes that end with a box on a dead cell)",
+        (
+            ("held-out, sampled", ("eval_sampled/deadlock_rate",)),
+            ("held-out, greedy", ("eval_greedy/deadlock_rate",)),
+        ),
+        ("update",),
+    ),
     Family(
         "training",
         "training rollouts",

@@ -20,6 +20,7 @@ FIELD_WORDS = {
     "turns": "turns per episode",
     "true_success": "true success rate (the outcome a probe's proxy reward stands for)",
     "exploit_rate": "exploit rate (episodes whose trace shows the probe's exploit)",
+    "deadlock_rate": "deadlock rate (Sokoban episodes that end with a box on a dead cell)",
 }
 MIN_SEEDS_WARNING = 3
 

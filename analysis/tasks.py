@@ -2,7 +2,8 @@
 
 `<point>/eval_tasks.jsonl` holds one row per evaluated episode:
     {"update", "mode": "greedy"|"sampled", "task", "sample", "success", "return", "turns"}
-(a reward-hacking probe adds "true_success" and "exploit_rate", 0/1 per episode) and, for a
+(a reward-hacking probe adds "true_success" and "exploit_rate", Sokoban with `deadlock` on adds
+"deadlock_rate", 0/1 per episode) and, for a
 mixture of environments (env.mixture), the member's label as "env"; a per-environment metric
 (final/eval_sampled/<env>/success) is then scored on that member's tasks only.
 Update 0 is the evaluation before RL (start), a point's last evaluated update is its final one.
@@ -27,7 +28,8 @@ import pandas as pd
 
 TASK_FILE = "eval_tasks.jsonl"
 MODES = ("greedy", "sampled")
-FIELDS = ("success", "return", "turns", "true_success", "exploit_rate")  # the last two: probes only
+# "true_success" and "exploit_rate": probes only; "deadlock_rate": Sokoban with `deadlock` on only
+FIELDS = ("success", "return", "turns", "true_success", "exploit_rate", "deadlock_rate")
 COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS, "env")
 EPISODE_KEYS = ("perf/episodes", "env/episodes")  # episodes generated per update (refills included)
 TOKEN_KEYS = ("perf/rollout_tokens",)

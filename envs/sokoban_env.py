@@ -12,6 +12,14 @@ a target. Moving into a wall or into a box that cannot move is a no-op.
 Score = fraction of boxes on targets (dense reward: +1/num_boxes per box pushed onto a
 target, -1/num_boxes per box pushed off one). Expert: breadth-first search over
 (player, boxes) with dead-cell pruning, i.e. a shortest solution in moves.
+
+Deadlocks (option `deadlock`, off by default; docs/algorithms.md section 8): a box off its
+targets on a dead cell (no push sequence takes a lone box from it to a target, walls only) can
+never be solved. "report" puts `deadlock` in every step's info (the `deadlock_rate` metric) and
+changes nothing else; "end" also ends the episode there, with a message and, when
+`deadlock_penalty` > 0, that reward subtracted on the step that made the deadlock. Only these
+simple (dead-cell) deadlocks are detected: never a false alarm, but two boxes frozen against each
+other are missed, so with two or more boxes the rate is a lower bound.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from envs.base import EnvOptions, ParsedAction, TurnEnv, format_action, parse_choice
+from envs.base import EnvOptions, ParsedAction, StepResult, TurnEnv, format_action, parse_choice
 from envs.registry import ENVS
 
 ACTIONS = ("up", "down", "left", "right")
@@ -41,11 +49,24 @@ class SokobanOptions(EnvOptions):
     action_format: Literal["text", "answer"] = Field(
         "text", description="how the expert writes actions: 'up' or '<answer>up</answer>' (both are always accepted)"
     )
+    deadlock: Literal["off", "report", "end"] = Field(
+        "off",
+        description="box on a dead cell (unsolvable): 'off' ignores it, 'report' logs it (deadlock_rate), "
+        "'end' also ends the episode there",
+    )
+    deadlock_penalty: float = Field(
+        0.0, ge=0.0, description="reward subtracted on the step that makes a deadlock (needs deadlock: end)"
+    )
 
     @model_validator(mode="after")
     def _room_fits(self):
         if self.num_boxes + 1 > FLOOR_FRACTION * (self.size - 2) ** 2 - 2:
             raise ValueError(f"num_boxes={self.num_boxes} does not fit a size={self.size} room")
+        if self.deadlock_penalty > 0 and self.deadlock != "end":
+            raise ValueError(
+                f"deadlock_penalty={self.deadlock_penalty} needs deadlock: end (got {self.deadlock!r}); "
+                "a penalty on an episode that goes on would be paid for a state the agent cannot leave"
+            )
         return self
 
 
@@ -191,6 +212,14 @@ class Sokoban(TurnEnv):
         return text
 
     @classmethod
+    def cache_options(cls, options=None) -> dict:
+        """Without the deadlock options: the expert never pushes a box onto a dead cell (its search
+        prunes them), so its demonstrations, and the tiny model built from them, do not depend on them."""
+        dump = super().cache_options(options)
+        dump.pop("deadlock"), dump.pop("deadlock_penalty")
+        return dump
+
+    @classmethod
     def task_fingerprint(cls, seed: int, options: SokobanOptions) -> str:
         level, player, boxes = generate(seed, options.size, options.num_boxes, options.reverse_steps)
         return _render(level, player, boxes)
@@ -211,7 +240,28 @@ class Sokoban(TurnEnv):
                 return ""
             self.boxes = tuple(sorted(beyond if b == nxt else b for b in self.boxes))
         self.player = nxt
-        return "All boxes are on targets." if self.won() else ""
+        if self.won():
+            return "All boxes are on targets."
+        if self.options.deadlock == "end" and self.deadlocked():
+            return "Deadlock: a box can no longer reach a target."
+        return ""
+
+    def deadlocked(self) -> bool:
+        """A box off the targets on a dead cell: no push sequence can solve the level any more."""
+        return any(b not in self.level.live for b in self.boxes)
+
+    def step(self, text: str) -> StepResult:
+        result = super().step(text)
+        # a penalty needs deadlock: end, so a dead-locked state is the step that made it (and the last)
+        if self.options.deadlock_penalty and self.deadlocked():
+            result.reward = round(result.reward - self.options.deadlock_penalty, 12)
+        return result
+
+    def info(self, format_error: bool = False) -> dict:
+        out = super().info(format_error)
+        if self.options.deadlock != "off":
+            out["deadlock"] = self.deadlocked()
+        return out
 
     def render(self) -> str:
         return _render(self.level, self.player, self.boxes)
@@ -223,7 +273,7 @@ class Sokoban(TurnEnv):
         return set(self.boxes) <= self.level.targets
 
     def over(self) -> bool:
-        return self.won()
+        return self.won() or (self.options.deadlock == "end" and self.deadlocked())
 
     def state_key(self) -> str:
         return self.render().replace("\n", "/")

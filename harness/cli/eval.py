@@ -21,6 +21,12 @@ def eval_command(
         None, "--games", help="Play every game of this folder of TextWorld .z8 games instead of the held-out split."
     ),
     samples: int = typer.Option(1, "--samples", help="Sampled episodes per task (each task is also played greedily)."),
+    env_option: list[str] = typer.Option(
+        [],
+        "--env-option",
+        help="KEY=VALUE: play a variant of the point's environment (a key of env.options; repeatable), "
+        "e.g. deadlock=report on Sokoban. The policy stays the point's.",
+    ),
     name: str | None = typer.Option(None, "--name", help="Name of the result files (default: from the options)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
 ) -> None:
@@ -35,7 +41,14 @@ def eval_command(
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device {device!r} is not a device; choose one of: auto, cpu, cuda")
     req = EvalRequest(
-        point=point, checkpoint=checkpoint, tasks=tasks, games=games, samples=samples, name=name, device=device
+        point=point,
+        checkpoint=checkpoint,
+        tasks=tasks,
+        games=games,
+        samples=samples,
+        name=name,
+        device=device,
+        env_options=tuple(env_option),
     )
     print(one_line(run_eval(req)))
 

@@ -5,9 +5,11 @@
 The policy is the point's trained adapter (`--checkpoint adapter`) or the policy RL started from
 (`--checkpoint start`: the base model, or its SFT warm-up, with the adapter at its initial zero
 update). Tasks: the environment's held-out split (`--tasks N`), or every game of a folder of
-TextWorld games (`--games DIR`). Each task is played greedily once and sampled `--samples` times,
-with the evaluation streams of `harness.rl.evaluate` (the same sampling numbers for every point,
-so two points' results are paired by task and sample).
+TextWorld games (`--games DIR`). `--env-option KEY=VALUE` plays a variant of the point's
+environment (e.g. `deadlock=report` on Sokoban, `checker=lenient` on FrozenLake); the policy is
+always the one the point trained, built from the point's own config. Each task is played greedily
+once and sampled `--samples` times, with the evaluation streams of `harness.rl.evaluate` (the same
+sampling numbers for every point, so two points' results are paired by task and sample).
 
 Files, in the point folder: `eval/<name>.tasks.jsonl` (one row per episode, appended chunk by
 chunk: an interrupted evaluation resumes where it stopped) and `eval/<name>.json` (the summary).
@@ -16,6 +18,7 @@ chunk: an interrupted evaluation resumes where it stopped) and `eval/<name>.json
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,7 @@ import yaml
 from envs.registry import env_class
 from harness.config.errors import ConfigError
 from harness.config.schema import RunConfig
-from harness.experiments.loading import validate_run_config
+from harness.experiments.loading import parse_override, validate_run_config
 from harness.experiments.provenance import code_version
 from harness.experiments.tracking import append_jsonl, atomic_write_json, read_jsonl
 
@@ -42,6 +45,7 @@ class EvalRequest:
     name: str | None = None
     device: str = "auto"
     chunk: int = 64  # tasks per resumable chunk
+    env_options: tuple[str, ...] = ()  # "key=value" overrides of the point's env.options
 
 
 def point_config(point: Path) -> RunConfig:
@@ -82,6 +86,28 @@ def check_request(req: EvalRequest, cfg: RunConfig) -> None:
         raise ConfigError("--tasks and --games both given: choose one task set")
 
 
+def with_env_options(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, str]:
+    """The point's config with the `--env-option` overrides of env.options (validated like a config
+    file's), and a name suffix for them ("" without any)."""
+    if not req.env_options:
+        return cfg, ""
+    options = dict(cfg.env.options)
+    for text in req.env_options:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep or not key or "." in key:
+            raise ConfigError(
+                f"--env-option {text!r} is not of the form key=value with a key of env.options "
+                f"(e.g. --env-option deadlock=report)"
+            )
+        options[key] = parse_override(f"{key}={value}")[1]
+    raw = cfg.model_dump(mode="json")
+    raw["env"]["options"] = options
+    cfg = validate_run_config(raw, "--env-option")
+    suffix = "-".join(f"{t.partition('=')[0].strip()}-{t.partition('=')[2].strip()}" for t in req.env_options)
+    return cfg, "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", suffix)
+
+
 def task_set(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, list[int], str]:
     """(config to evaluate with, task seeds, a name for the task set)."""
     if req.games is None:
@@ -98,15 +124,20 @@ def task_set(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, list[int], st
     return cfg, seeds, f"games-{req.games.resolve().name}"
 
 
+# per-episode fields of some environments only: a probe's truth and exploit, Sokoban's deadlocks
+OPTIONAL_FIELDS = ("true_success", "exploit_rate", "deadlock_rate")
+
+
 def summarise(rows: list[dict]) -> dict:
     out = {}
     for mode in ("greedy", "sampled"):
         sel = [r for r in rows if r["mode"] == mode]
         if sel:
+            fields = ("success", "return", "turns", *(k for k in OPTIONAL_FIELDS if all(k in r for r in sel)))
             out[mode] = {
                 "episodes": len(sel),
                 "tasks": len({r["task"] for r in sel}),
-                **{k: statistics.fmean(r[k] for r in sel) for k in ("success", "return", "turns")},
+                **{k: statistics.fmean(r[k] for r in sel) for k in fields},
             }
     return out
 
@@ -115,17 +146,18 @@ def run_eval(req: EvalRequest, log=print) -> Path:
     """Evaluate (or finish evaluating) and write the summary; returns its path."""
     from harness.experiments.policy_eval import PolicyEvaluator
 
-    cfg = point_config(req.point)
-    check_request(req, cfg)
+    point_cfg = point_config(req.point)
+    check_request(req, point_cfg)
+    cfg, variant = with_env_options(req, point_cfg)
     cfg, seeds, set_name = task_set(req, cfg)
-    name = req.name or f"{req.checkpoint}-{set_name}-x{req.samples}"
+    name = req.name or f"{req.checkpoint}-{set_name}-x{req.samples}{variant}"
     folder = req.point / "eval"
     folder.mkdir(exist_ok=True)
     rows_path, summary_path = folder / f"{name}.tasks.jsonl", folder / f"{name}.json"
     done = {(r["mode"], r["task"], r["sample"]) for r in read_jsonl(rows_path)}
     todo = [s for s in seeds if any((m, s, k) not in done for m, k in _episodes(req.samples))]
     if todo:
-        with PolicyEvaluator(req.point, cfg, req.checkpoint, req.device) as evaluator:
+        with PolicyEvaluator(req.point, point_cfg, cfg, req.checkpoint, req.device) as evaluator:
             for start in range(0, len(todo), req.chunk):
                 chunk = todo[start : start + req.chunk]
                 append_jsonl(rows_path, evaluator.play(chunk, req.samples, done))
@@ -135,6 +167,7 @@ def run_eval(req: EvalRequest, log=print) -> Path:
         "point": str(req.point),
         "checkpoint": req.checkpoint,
         "task_set": set_name,
+        **({"env_options": cfg.env.options} if req.env_options else {}),
         "tasks": len(seeds),
         "samples": req.samples,
         "results": summarise(rows),
@@ -152,6 +185,7 @@ def one_line(path: Path) -> str:
     s = json.loads(path.read_text())
     parts = [
         f"{mode} success {r['success']:.3f} ({r['tasks']} tasks x {r['episodes'] // max(r['tasks'], 1)})"
+        + "".join(f", {k.replace('_', ' ')} {r[k]:.3f}" for k in OPTIONAL_FIELDS if k in r)
         for mode, r in s["results"].items()
     ]
     return f"eval {path.stem} of {s['checkpoint']}: " + ", ".join(parts) + f" -> {path}"

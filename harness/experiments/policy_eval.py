@@ -16,20 +16,24 @@ from harness.rl.venvs import VenvPool
 
 
 class PolicyEvaluator:
-    """Builds the point's policy once; `play(tasks, samples, done)` evaluates a chunk of tasks."""
+    """Builds the point's policy once; `play(tasks, samples, done)` evaluates a chunk of tasks.
 
-    def __init__(self, point: Path, cfg: RunConfig, checkpoint: str, device: str):
+    `point_cfg` is the point's own config: it decides the policy (a tiny model's cache key covers
+    the env options, so a variant's options would name another model). `cfg` is what the episodes
+    are played with: the point's config, or a variant of its environment (`--games`, `--env-option`)."""
+
+    def __init__(self, point: Path, point_cfg: RunConfig, cfg: RunConfig, checkpoint: str, device: str):
         from envs import make_env
         from envs.mixture_env import member_labels
 
         self.cfg = cfg
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        source, info = base_model(cfg, cache_dir())
-        source, info = sft_warmup(cfg, source, info, cache_dir(), self.device)
-        if checkpoint == "adapter" and cfg.model.finetune == "full":  # the trained weights are the whole model
+        source, info = base_model(point_cfg, cache_dir())
+        source, info = sft_warmup(point_cfg, source, info, cache_dir(), self.device)
+        if checkpoint == "adapter" and point_cfg.model.finetune == "full":  # the trained weights are the whole model
             source = str(point / "adapter")
-        self.policy = attach_adapter(cfg, source, info, self.device)
-        if checkpoint == "adapter" and cfg.model.finetune == "lora":
+        self.policy = attach_adapter(point_cfg, source, info, self.device)
+        if checkpoint == "adapter" and point_cfg.model.finetune == "lora":
             from peft import set_peft_model_state_dict
             from peft.utils.save_and_load import load_peft_weights
 

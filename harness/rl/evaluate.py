@@ -60,6 +60,8 @@ def task_row(update: int, mode: str, sample: int, ep: Episode, env: str | None =
     if "true_won" in final:  # a reward-hacking probe: the truth and the exploit, per episode
         row["true_success"] = int(bool(final["true_won"]))
         row["exploit_rate"] = int(bool(final.get("exploit", False)))  # named as its metric, like success
+    if "deadlock" in final:  # Sokoban with `deadlock` on: the episode ended dead-locked
+        row["deadlock_rate"] = int(bool(final["deadlock"]))
     if env is not None:
         row["env"] = env
     return row

@@ -69,9 +69,42 @@ def test_eval_resumes_without_replaying_finished_episodes(point):
     assert {key(r): r["success"] for r in again} == {key(r): r["success"] for r in full}  # same streams
 
 
+def test_eval_on_a_variant_of_the_environment_keeps_the_points_policy(point, capsys):
+    """`--env-option checker=lenient` plays the FrozenLake probe's lenient checker with the policy the
+    point trained: no other tiny model is built (its cache key covers env.options), greedy success on
+    the same maps is the point's own where the strict and lenient episodes agree, and the probe's
+    per-episode truth appears in the rows and the summary."""
+    import os
+    from pathlib import Path
+
+    folder, _ = point
+    cache = Path(os.environ["HARNESS_CACHE"])
+    before = sorted(str(p.relative_to(cache)) for p in cache.rglob("DONE.json"))
+    assert before  # the point built its model
+    with pytest.raises(SystemExit) as done:
+        main(["eval", str(folder), "--env-option", "checker=lenient"])
+    assert done.value.code in (0, None)
+    # the point's model, not a new one
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("DONE.json")) == before
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("eval adapter-heldout4-x1-checker-lenient of adapter: greedy success")
+    assert "true success" in line and "exploit rate" in line
+    summary = json.loads((folder / "eval" / "adapter-heldout4-x1-checker-lenient.json").read_text())
+    assert summary["env_options"]["checker"] == "lenient"
+    assert set(summary["results"]["greedy"]) >= {"success", "true_success", "exploit_rate"}
+    rows = read_jsonl(folder / "eval" / "adapter-heldout4-x1-checker-lenient.tasks.jsonl")
+    strict = {r["task"]: r for r in read_jsonl(folder / "eval_tasks.jsonl") if r["update"] == 2}
+    for r in rows:  # a truly won lenient episode never touched a hole: the strict one won the same way
+        if r["mode"] == "greedy" and r["true_success"]:
+            assert strict[r["task"]]["success"] == 1
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
+        (["eval", "{point}", "--env-option", "checker"], "--env-option 'checker' is not of the form key=value"),
+        (["eval", "{point}", "--env-option", "env.options.checker=lenient"], "key of env.options"),
+        (["eval", "{point}", "--env-option", "checker=sloppy"], "env.options.checker = 'sloppy'"),
         (["eval", "{tmp}"], "not a point folder"),
         (["eval", "{point}", "--samples", "0"], "--samples 0"),
         (["eval", "{point}", "--checkpoint", "best"], "--checkpoint 'best'"),
