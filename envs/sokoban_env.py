@@ -212,14 +212,6 @@ class Sokoban(TurnEnv):
         return text
 
     @classmethod
-    def cache_options(cls, options=None) -> dict:
-        """Without the deadlock options: the expert never pushes a box onto a dead cell (its search
-        prunes them), so its demonstrations, and the tiny model built from them, do not depend on them."""
-        dump = super().cache_options(options)
-        dump.pop("deadlock"), dump.pop("deadlock_penalty")
-        return dump
-
-    @classmethod
     def task_fingerprint(cls, seed: int, options: SokobanOptions) -> str:
         level, player, boxes = generate(seed, options.size, options.num_boxes, options.reverse_steps)
         return _render(level, player, boxes)

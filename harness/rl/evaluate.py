@@ -140,7 +140,9 @@ def start_key(cfg: RunConfig, policy_info: dict) -> str:
     dump["env"]["options"] = env_class(cfg.env.name).cache_options(cfg.env.options)
     dump["env"].pop("mixture")
     models = {k: policy_info.get(k) for k in ("base", "sft")}
-    code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key)
+    cls = env_class(cfg.env.name)  # the environment's own source too: a model given by name does not cover it
+    envs_code = [c for c in cls.__mro__ if c.__module__.startswith("envs.")]
+    code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key, *envs_code)
     return content_hash({"config": dump, "models": models, "code": code})
 
 

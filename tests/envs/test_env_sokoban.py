@@ -149,9 +149,16 @@ def test_deadlock_report_logs_and_changes_nothing_else():
 def test_expert_never_deadlocks_and_the_penalty_needs_end():
     seeds = Sokoban.task_seeds("heldout", 60)
     assert expert_solve_rate("sokoban", {"deadlock": "end", "deadlock_penalty": 1.0}, seeds, max_turns=20) == 1.0
-    # so its demonstrations do not depend on the deadlock options, and neither does the model's cache key
-    assert Sokoban.cache_options({"deadlock": "end", "deadlock_penalty": 1.0}) == Sokoban.cache_options({})
-    assert Sokoban.cache_options({"num_boxes": 2}) != Sokoban.cache_options({})
+    # the options change what an episode gives (its end, its return), so the evaluation before RL,
+    # cached across points by its inputs, is not shared between them
+    from harness.experiments.loading import validate_run_config
+    from harness.rl.evaluate import start_key
+
+    def key(**options):
+        raw = {"env": {"name": "sokoban", "options": options}}
+        return start_key(validate_run_config(raw, "t.yaml"), {"base": "tiny:x", "sft": None})
+
+    assert len({key(), key(deadlock="report"), key(deadlock="end"), key(deadlock="end", deadlock_penalty=0.5)}) == 4
     for mode in ("off", "report"):
         with pytest.raises(ValueError, match="deadlock_penalty=0.5 needs deadlock: end"):
             envs.make_env("sokoban", {"deadlock": mode, "deadlock_penalty": 0.5})
