@@ -72,7 +72,7 @@ FAMILIES = (
     ),
     Family(  # Sokoban with `deadlock` on only: episodes that end with a box on a dead cell
         "deadlock",
-        "held-out deadlock rate (episodes that end with a box on a dead cell)",
+        "held-out deadlock rate, the share of episodes that end with a box on a dead cell",
         (
             ("held-out, sampled", ("eval_sampled/deadlock_rate",)),
             ("held-out, greedy", ("eval_greedy/deadlock_rate",)),
