@@ -97,18 +97,19 @@ def _cell(block: Block, c: str, rows: pd.DataFrame, scores: Scores, boot: dict) 
         block.gain_grids[c] = gain[0] - gain[1]
 
 
-def task_identity(row: pd.Series) -> str:
+def task_identity(row: pd.Series, neutral: frozenset[str] = frozenset()) -> str:
     """What decides a point's held-out tasks: the environment, its options and the split's size; a
     mixture's members without their weights (its held-out split takes every member equally). Two
     points pair by task only when these agree: the same task id on another map size or level
-    generator is another task."""
+    generator is another task. `neutral`: the options the sweep's manifest lists as not deciding
+    the tasks (`task_neutral`, e.g. Sokoban's deadlock handling), left out."""
 
     def unweighted(v):  # a mixture's member list (env.mixture, and env.options.members once resolved)
         if isinstance(v, list):
             return [{k: x for k, x in m.items() if k != "weight"} if isinstance(m, dict) else m for m in v]
         return v
 
-    keys = sorted(k for k in row.index if k.startswith("env.options.")) + [
+    keys = sorted(k for k in row.index if k.startswith("env.options.") and k not in neutral) + [
         "env.name",
         "env.heldout_tasks",
         "env.mixture",
@@ -158,6 +159,8 @@ def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, bo
     first = {c: done[done["cell"] == c].iloc[0] if (done["cell"] == c).any() else None for c in cells}
     bases = {c: (r["baseline_cell"] if r is not None else None) for c, r in first.items()}
     block.base_cells = {b for b in bases.values() if b}
+    meta = done.attrs.get("sweep")
+    neutral = frozenset((getattr(meta, "raw", None) or {}).get("task_neutral") or ())
     if block.base_cells:
         block.columns.append(DELTA)
     for c in cells:
@@ -166,7 +169,7 @@ def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, bo
             continue
         own = not (first[c]["config_group"] or "")
         base_rows = done[done["cell"] == base]
-        if task_identity(first[c]) != task_identity(base_rows.iloc[0]):
+        if task_identity(first[c], neutral) != task_identity(base_rows.iloc[0], neutral):
             block.other_tasks.add(c)
         block.est[c][DELTA] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, FINAL)
         ec, eb = block.cost[c]["episodes"], block.cost[base]["episodes"]

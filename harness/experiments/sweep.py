@@ -33,6 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from envs.registry import env_class
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
 from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
@@ -150,6 +151,20 @@ class Sweep:
         ref = next(p for p in self.points if p.variant == self.baseline).config.model_dump(mode="json")
         return base_signature(ref, self.axes)
 
+    def task_neutral_options(self) -> list[str]:
+        """The env options (dotted) that change how the points' episodes are played or paid but not
+        which tasks their held-out splits hold, as their environments declare them
+        (`task_neutral_options`, e.g. Sokoban's deadlock handling). `analysis` pairs two points that
+        differ only in these by task, as it pairs points of one environment; any other option
+        difference makes their held-out tasks another set."""
+        return sorted(
+            {
+                f"env.options.{k}"
+                for p in self.points
+                for k in getattr(env_class(p.config.env.name), "task_neutral_options", ())
+            }
+        )
+
     def manifest(self) -> dict[str, Any]:
         """What results/<name>/sweep.json holds (read by `analysis`): the axes (without the seed),
         the baseline as {axis: value} of its resolved config, the command, the base config
@@ -173,6 +188,7 @@ class Sweep:
             "seeds": self.seeds,
             "metric": f"final/{self.metric}",
             **({"tables": [f"final/{m}" for m in self.tables]} if self.tables else {}),
+            **({"task_neutral": neutral} if (neutral := self.task_neutral_options()) else {}),
             **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
             "points": [

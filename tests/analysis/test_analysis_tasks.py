@@ -220,6 +220,33 @@ def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
     assert f"{alone.mde:.3g} = " in text
 
 
+def test_options_the_manifest_lists_as_task_neutral_keep_the_pairing(sweep):
+    """The same folder as above, but the manifest lists env.options.size as task-neutral (as a
+    sweep of Sokoban's deadlock handling lists `deadlock`): dapo's Δ is paired by task again."""
+    import json
+
+    import yaml
+
+    for cfg in sweep.glob("*/config.yaml"):
+        c = yaml.safe_load(cfg.read_text())
+        c["env"]["options"] = {"size": 5 if "dapo" in cfg.parent.name else 4}
+        cfg.write_text(yaml.safe_dump(c))
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    for p in manifest["points"]:
+        p["overrides"]["env.options.size"] = 5 if p["overrides"][AXIS] == "dapo" else 4
+    manifest["axes"].append("env.options.size")
+    manifest["base_config"]["env.options.size"] = 4
+    manifest["baseline"]["env.options.size"] = 4
+    manifest["base_excluded"].append("env.options.size")
+    manifest["task_neutral"] = ["env.options.size"]
+    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    d = data(sweep)
+    assert d.loc["dapo", "delta"] == pytest.approx(0.25) and bool(d.loc["dapo", "delta:paired"])
+    paired = crossed_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((paired.lo, paired.hi))
+    assert "held-out tasks are not the baseline's" not in render(table_for(sweep), "markdown")
+
+
 def test_separate_bootstrap_by_hand():
     from analysis.stats import separate_bootstrap
 

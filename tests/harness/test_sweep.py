@@ -258,3 +258,13 @@ def test_the_sweep_files_tables_are_held_out_metrics_and_reach_the_manifest(tmp_
         load_sweep(bad)
     msg = str(e.value)
     assert str(bad) in msg and "tables" in msg and "eval_sampled/exploit_rate" in msg  # did you mean
+
+
+def test_manifest_lists_the_options_that_keep_the_held_out_tasks():
+    """Sokoban's deadlock handling changes how an episode ends and pays, not which levels its split
+    holds: the manifest lists those options so `analysis` pairs the points by level; a sweep
+    without such an environment writes no such key (its sweep.json is as before)."""
+    repo = Path(__file__).resolve().parents[2]
+    manifest = load_sweep(repo / "sweeps" / "sokoban_deadlock.yaml").manifest()
+    assert manifest["task_neutral"] == ["env.options.deadlock", "env.options.deadlock_penalty"]
+    assert "task_neutral" not in load_sweep(repo / "sweeps" / "clipping.yaml").manifest()
