@@ -184,15 +184,12 @@ def test_a_mixture_gets_a_paired_table_per_environment(sweep):
     assert b.loc["none", "start"] == 0.0 and b.loc["ragen_top_p", "final"] == pytest.approx((2 + 2 + 3) / 12)
 
 
-def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
-    """dapo evaluated on another map size: the same task ids are other maps, so Δ is the difference of
-    two separately resampled grids (`separate_bootstrap`), marked ‡ with its own footnote, and left out
-    of the MDE's paired differences; ragen_top_p (same tasks) stays paired."""
+def _dapo_on_another_map_size(sweep, task_neutral: list[str] | None = None) -> None:
+    """Rewrite the folder as if dapo had run with env.options.size 5 and the others with 4 (an axis
+    of the manifest), optionally listing options as task-neutral in the manifest."""
     import json
 
     import yaml
-
-    from analysis.stats import separate_bootstrap
 
     for cfg in sweep.glob("*/config.yaml"):
         c = yaml.safe_load(cfg.read_text())
@@ -205,7 +202,18 @@ def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
     manifest["base_config"]["env.options.size"] = 4
     manifest["baseline"]["env.options.size"] = 4
     manifest["base_excluded"].append("env.options.size")
+    if task_neutral is not None:
+        manifest["task_neutral"] = task_neutral
     (sweep / "sweep.json").write_text(json.dumps(manifest))
+
+
+def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
+    """dapo evaluated on another map size: the same task ids are other maps, so Δ is the difference of
+    two separately resampled grids (`separate_bootstrap`), marked ‡ with its own footnote, and left out
+    of the MDE's paired differences; ragen_top_p (same tasks) stays paired."""
+    from analysis.stats import separate_bootstrap
+
+    _dapo_on_another_map_size(sweep)
     d = data(sweep)
     assert d.loc["dapo", "delta"] == pytest.approx(0.25) and not bool(d.loc["dapo", "delta:paired"])
     assert bool(d.loc["ragen_top_p", "delta:paired"])
@@ -223,23 +231,7 @@ def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
 def test_options_the_manifest_lists_as_task_neutral_keep_the_pairing(sweep):
     """The same folder as above, but the manifest lists env.options.size as task-neutral (as a
     sweep of Sokoban's deadlock handling lists `deadlock`): dapo's Δ is paired by task again."""
-    import json
-
-    import yaml
-
-    for cfg in sweep.glob("*/config.yaml"):
-        c = yaml.safe_load(cfg.read_text())
-        c["env"]["options"] = {"size": 5 if "dapo" in cfg.parent.name else 4}
-        cfg.write_text(yaml.safe_dump(c))
-    manifest = json.loads((sweep / "sweep.json").read_text())
-    for p in manifest["points"]:
-        p["overrides"]["env.options.size"] = 5 if p["overrides"][AXIS] == "dapo" else 4
-    manifest["axes"].append("env.options.size")
-    manifest["base_config"]["env.options.size"] = 4
-    manifest["baseline"]["env.options.size"] = 4
-    manifest["base_excluded"].append("env.options.size")
-    manifest["task_neutral"] = ["env.options.size"]
-    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    _dapo_on_another_map_size(sweep, task_neutral=["env.options.size"])
     d = data(sweep)
     assert d.loc["dapo", "delta"] == pytest.approx(0.25) and bool(d.loc["dapo", "delta:paired"])
     paired = crossed_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
