@@ -28,8 +28,10 @@ import pandas as pd
 
 TASK_FILE = "eval_tasks.jsonl"
 MODES = ("greedy", "sampled")
-# "true_success" and "exploit_rate": probes only; "deadlock_rate": Sokoban with `deadlock` on only
-FIELDS = ("success", "return", "turns", "true_success", "exploit_rate", "deadlock_rate")
+# per-episode fields of some environments only: "true_success" and "exploit_rate" of the probes,
+# "deadlock_rate" of Sokoban with `deadlock` on
+OPTIONAL_FIELDS = ("true_success", "exploit_rate", "deadlock_rate")
+FIELDS = ("success", "return", "turns", *OPTIONAL_FIELDS)
 COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS, "env")
 EPISODE_KEYS = ("perf/episodes", "env/episodes")  # episodes generated per update (refills included)
 TOKEN_KEYS = ("perf/rollout_tokens",)

@@ -45,6 +45,12 @@ def env_class(name: str):
         raise
 
 
+def env_source_classes(name: str) -> list[type]:
+    """The classes of this package that define environment `name`: its class and its bases in envs/
+    (what a cache key hashes the source of)."""
+    return [c for c in env_class(name).__mro__ if c.__module__.startswith("envs.")]
+
+
 def validate_options(name: str, options: Any = None):
     """`options` (dict or the env's Options) validated; errors name the key and the fields."""
     cls = env_class(name)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from analysis.tasks import OPTIONAL_FIELDS
 from envs.registry import env_class
 from harness.config.errors import ConfigError
 from harness.config.schema import RunConfig
@@ -92,20 +93,21 @@ def with_env_options(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, str]:
     if not req.env_options:
         return cfg, ""
     options = dict(cfg.env.options)
+    words = []
     for text in req.env_options:
         key, sep, value = text.partition("=")
-        key = key.strip()
-        if not sep or not key or "." in key:
+        if not sep or not key.strip() or "." in key:
             raise ConfigError(
                 f"--env-option {text!r} is not of the form key=value with a key of env.options "
                 f"(e.g. --env-option deadlock=report)"
             )
-        options[key] = parse_override(f"{key}={value}")[1]
+        key, parsed = parse_override(text)  # the value read as YAML, like -o
+        options[key] = parsed
+        words.append(f"{key}-{value.strip()}")
     raw = cfg.model_dump(mode="json")
     raw["env"]["options"] = options
     cfg = validate_run_config(raw, "--env-option")
-    suffix = "-".join(f"{t.partition('=')[0].strip()}-{t.partition('=')[2].strip()}" for t in req.env_options)
-    return cfg, "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", suffix)
+    return cfg, "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(words))
 
 
 def task_set(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, list[int], str]:
@@ -122,10 +124,6 @@ def task_set(req: EvalRequest, cfg: RunConfig) -> tuple[RunConfig, list[int], st
     except ValueError as e:
         raise ConfigError(f"--games {req.games}: {e}") from None
     return cfg, seeds, f"games-{req.games.resolve().name}"
-
-
-# per-episode fields of some environments only: a probe's truth and exploit, Sokoban's deadlocks
-OPTIONAL_FIELDS = ("true_success", "exploit_rate", "deadlock_rate")
 
 
 def summarise(rows: list[dict]) -> dict:

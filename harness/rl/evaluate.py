@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from envs.registry import env_class
+from envs.registry import env_class, env_source_classes
 from envs.stage import report
 from harness.config.schema import RunConfig
 from harness.diagnostics.episode_metrics import episode_metrics, final_info, per_env_metrics
@@ -140,8 +140,8 @@ def start_key(cfg: RunConfig, policy_info: dict) -> str:
     dump["env"]["options"] = env_class(cfg.env.name).cache_options(cfg.env.options)
     dump["env"].pop("mixture")
     models = {k: policy_info.get(k) for k in ("base", "sft")}
-    cls = env_class(cfg.env.name)  # the environment's own source too: a model given by name does not cover it
-    envs_code = [c for c in cls.__mro__ if c.__module__.startswith("envs.")]
+    # the environment's own source too: a model given by name does not cover it
+    envs_code = env_source_classes(cfg.env.name)
     code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key, *envs_code)
     return content_hash({"config": dump, "models": models, "code": code})
 
