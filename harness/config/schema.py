@@ -488,10 +488,12 @@ class CrossPolicyConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = F(
+    backend: Literal["hf", "static", "vllm"] = F(
         "hf",
-        "Generation backend. Only 'hf' (our batched sampler with KV "
-        "reuse) is implemented; 'vllm' is reserved and rejected.",
+        "Generation backend. hf: our batched sampler on the model's own forward with a growing KV "
+        "cache (the CPU path). static: the same sampler on a preallocated static KV cache with fused "
+        "attention, and CUDA graphs for the decode step on a GPU (harness.rl.static_kv). vllm: vLLM's "
+        "engine with the LoRA adapter swapped in after every update (harness.rl.vllm_backend).",
     )
     group_size: int = F(8, "G rollouts per task instance (one group).", ge=1, le=4_096)
     tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1, le=MAX_BATCH)

@@ -160,6 +160,16 @@ class KVBatch:
         return self.feed(ids.to(self.device), real.to(self.device))
 
 
+def kv_batch(model, pad_id: int, backend: str = "hf"):
+    """The KV engine of `rollout.backend` for `model`: a fresh `KVBatch` (hf), or the model's
+    `StaticKVBatch` (static), kept across calls so its buffers and CUDA graphs are built once."""
+    if backend == "static":
+        from harness.rl.static_kv import static_kv_batch
+
+        return static_kv_batch(model, pad_id)
+    return KVBatch(model, pad_id)
+
+
 # ----------------------------------------------------------------------------- one turn
 def _row_uniforms(generators: list[torch.Generator], active: torch.Tensor) -> torch.Tensor:
     """(B,) float64: a number from each active row's own stream; finished rows draw nothing."""
@@ -375,11 +385,16 @@ def collect(
         p.episode.env_error = _env_error(p.info)
     alive = [p for p in plays if p.episode.env_error is None]
     pooled = cross is not None and bool(cross.members)
-    incremental = cfg.context.policy in APPEND_ONLY and reuse_cache and not pooled
-    kv, encoded = KVBatch(model, chat.pad_id), {}
-    kv.reset(len(alive))
-    was_training = model.training
-    model.eval()
+    # an engine outside torch (rollout.backend vllm) samples a turn from each row's whole context
+    # and reuses prefixes itself; everything else runs on one of our KV engines
+    external = getattr(model, "sample_turn", None)
+    incremental = cfg.context.policy in APPEND_ONLY and reuse_cache and not pooled and external is None
+    kv, encoded = (None if external else kv_batch(model, chat.pad_id, cfg.rollout.backend)), {}
+    if kv is not None:
+        kv.reset(len(alive))
+    was_training = bool(getattr(model, "training", False))
+    if external is None:
+        model.eval()
     try:
         with torch.no_grad():
             for t in range(budget):
@@ -387,7 +402,7 @@ def collect(
                     break
                 last = t == budget - 1
                 contexts, new_ids = _turn_inputs(chat, cfg, alive, t, last, incremental)
-                if not incremental:
+                if not incremental and kv is not None:
                     kv.reset(len(alive))
                 tries = (
                     [_trie(chat, p.info.get("admissible"), encoded) for p in alive] if cfg.rollout.constrain else None
@@ -401,8 +416,12 @@ def collect(
                     "greedy": greedy,
                 }
                 streams_now = generator if isinstance(generator, torch.Generator) else [p.stream for p in alive]
-                if pooled:
-                    out = _pooled_turn(model, cross, chat.pad_id, new_ids, tries, streams_now, sample)
+                if external is not None:
+                    out = external(new_ids, tries, generator=streams_now, **sample)
+                elif pooled:
+                    out = _pooled_turn(
+                        model, cross, chat.pad_id, new_ids, tries, streams_now, sample, cfg.rollout.backend
+                    )
                 else:
                     out = generate_turn(kv, new_ids, tries, generator=streams_now, **sample)
                 if timings is not None:
@@ -428,18 +447,21 @@ def collect(
                 if incremental and alive:
                     kv.select(keep)
     finally:
-        model.train(was_training)
+        if external is None:
+            model.train(was_training)
     return [p.episode for p in plays]
 
 
-def _pooled_turn(model, cross: CrossPolicy, pad_id: int, new_ids, tries, streams, sample: dict) -> TurnOutput:
+def _pooled_turn(
+    model, cross: CrossPolicy, pad_id: int, new_ids, tries, streams, sample: dict, backend: str = "hf"
+) -> TurnOutput:
     """One turn of cross-policy sampling: draw each row's member, let each member generate for its
     rows from their full contexts, and put the rows back in order (`TurnOutput.members`)."""
     who = cross.draw(len(new_ids))
     parts: dict[int, tuple[list[int], TurnOutput]] = {}
     for m in sorted(set(who)):
         rows = [i for i, w in enumerate(who) if w == m]
-        kv = KVBatch(model if m == 0 else cross.members[m - 1], pad_id)
+        kv = kv_batch(model if m == 0 else cross.members[m - 1], pad_id, backend)
         kv.reset(len(rows))
         gen = streams if isinstance(streams, torch.Generator) else [streams[i] for i in rows]
         sub_tries = [tries[i] for i in rows] if tries else None
