@@ -8,6 +8,16 @@ below are what we aim for.
 - one update vs TRL's GRPOTrainer step, same model / LoRA / tokens     target <= 1.0x the time
 - peak memory of the log-prob computation vs a naive log-softmax      target <= 0.25x
 - a training loop with the concurrent rollout process vs the synchronous loop (--only concurrent)
+- generation engines at a real model's shape (harness.bench.engines): HF `generate` vs our sampler
+  (hf and static backends) and the memory-bandwidth floor           target (GPU, 0.5B, B=256):
+                                                                      static >= 10x generate and
+                                                                      >= 20% of the floor
+- the update at a real model's shape: tokens/s and peak memory, with and without activation
+  checkpointing                                                      target (GPU, 0.5B, 8 x 2048):
+                                                                      peak <= 16 GiB
+On a GPU the shape parts default to Qwen2.5-0.5B's shape in bf16 (batches 64 and 256, 512-token
+prompts, 256 new tokens; update 8 x 2048); on a CPU to a small stand-in in float32 (batches 4 and
+16, 128 + 32 tokens; update 2 x 256), so that `harness bench` prints the same figures everywhere.
 """
 
 from __future__ import annotations
@@ -173,8 +183,34 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
     return times[1:], float(n * ro.max_new_tokens)
 
 
-def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout", "memory", "trl")) -> dict:
-    """Every benchmark in one process; each entry reports both sides and the ratio."""
+# sizes of the shape parts (harness.bench.engines) on each kind of device
+SHAPE_SIZES = {
+    "cuda": {
+        "shape": "0.5b",
+        "dtype": "bfloat16",
+        "batches": (64, 256),
+        "prompt": 512,
+        "new_tokens": 256,
+        "update_batch": 8,
+        "update_tokens": 2048,
+    },
+    "cpu": {
+        "shape": "small",
+        "dtype": "float32",
+        "batches": (4, 16),
+        "prompt": 128,
+        "new_tokens": 32,
+        "update_batch": 2,
+        "update_tokens": 256,
+    },
+}
+
+
+def run_bench(
+    cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout", "memory", "trl"), shape: str | None = None
+) -> dict:
+    """Every benchmark in one process; each entry reports both sides and the ratio. `shape`: the
+    model shape of the parts engines and update (default: SHAPE_SIZES for the device)."""
     from harness.model.cache import cache_dir
     from harness.model.pipeline import load_policy
 
@@ -203,6 +239,29 @@ def run_bench(cfg: RunConfig, steps: int = 3, parts: tuple[str, ...] = ("rollout
         }
     if "concurrent" in parts:
         out["concurrent_vs_synchronous"] = bench_concurrent(cfg, steps)
+    if "engines" in parts or "update" in parts:
+        from harness.bench.engines import bench_engines, bench_update
+
+        size = dict(SHAPE_SIZES["cuda" if device == "cuda" else "cpu"])
+        if shape is not None:
+            size["shape"] = shape
+        if "engines" in parts:
+            out["engines"] = bench_engines(
+                size["shape"],
+                device=device,
+                dtype=size["dtype"],
+                batches=size["batches"],
+                prompt=size["prompt"],
+                new_tokens=size["new_tokens"],
+            )
+        if "update" in parts:
+            out["update_at_shape"] = bench_update(
+                size["shape"],
+                device=device,
+                dtype=size["dtype"],
+                batch=size["update_batch"],
+                tokens=size["update_tokens"],
+            )
     return out
 
 

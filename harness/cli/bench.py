@@ -11,8 +11,9 @@ from harness.bench.run import run_bench
 from harness.config.errors import ConfigError
 from harness.experiments.loading import load_run_config
 
-PARTS = ("rollout", "memory", "trl")  # the default set
+PARTS = ("rollout", "memory", "trl", "engines", "update")  # the default set
 ALL_PARTS = (*PARTS, "concurrent")
+SHAPES = ("0.5b", "1.5b", "small")
 
 
 def bench_command(
@@ -22,21 +23,32 @@ def bench_command(
     overrides: list[str] = typer.Option([], "-o", "--override", help="key=value config overrides."),
     steps: int = typer.Option(3, help="Timed update steps per side (after one warm-up step)."),
     only: list[str] = typer.Option(
-        [], "--only", help="rollout, memory, trl and/or concurrent (default: rollout, memory, trl)."
+        [],
+        "--only",
+        help="rollout, memory, trl, engines, update and/or concurrent (default: all but concurrent).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
+    shape: str | None = typer.Option(
+        None,
+        "--shape",
+        help="Model shape of engines and update: 0.5b, 1.5b or small (default: 0.5b on a GPU, else small).",
+    ),
 ) -> None:
     """Speed and memory ratios against baselines measured in the same process (not pass/fail).
 
     rollout: batched (B=16) vs sequential tokens/s, and turn-8 vs turn-1 generation cost;
     memory: chunked vs naive log-prob peak memory; trl: one update vs a TRL GRPOTrainer step;
-    concurrent: the training loop with a concurrent rollout process vs the synchronous loop."""
+    concurrent: the training loop with a concurrent rollout process vs the synchronous loop;
+    engines: HF generate vs our sampler (hf, static) vs the bandwidth floor at a real model's shape;
+    update: tokens/s and peak memory of a LoRA update at that shape, with and without checkpointing."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]
     if bad:
         raise ConfigError(f"--only {bad[0]!r}: choose from {', '.join(ALL_PARTS)}")
-    result = run_bench(cfg, steps=steps, parts=parts)
+    if shape is not None and shape not in SHAPES:
+        raise ConfigError(f"--shape {shape!r}: choose from {', '.join(SHAPES)}")
+    result = run_bench(cfg, steps=steps, parts=parts, shape=shape)
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if out is not None:
