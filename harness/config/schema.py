@@ -685,7 +685,9 @@ class RunConfig(Strict):
             )
         self._check_sft_budget()
         if self.rollout.backend == "vllm":
-            raise ValueError("rollout.backend 'vllm' is not implemented; use 'hf' (our batched sampler)")
+            problem = vllm_backend_problem(self)
+            if problem:
+                raise ValueError(problem)
         return self
 
     def _check_sft_budget(self) -> None:
@@ -702,6 +704,77 @@ class RunConfig(Strict):
                 f"than one RL update (rollout.tasks_per_update * rollout.group_size = {per_update} episodes): "
                 f"raise sft.budget to at least {sft_cost + per_update:g} or lower sft.demos"
             )
+
+
+# vLLM's LoRA layers: the largest rank it accepts (vllm.config.lora.MaxLoRARanks), and the modules of a
+# Qwen2 adapter it cannot load (LoRA on the embedding and the output layer is not registered for Qwen2)
+VLLM_MAX_LORA_RANK = 512
+VLLM_LORA_UNSUPPORTED = ("embed_tokens", "lm_head")
+
+
+def vllm_backend_problem(cfg: RunConfig) -> str | None:
+    """Why `rollout.backend: vllm` cannot run `cfg` (None: it can): the first combination the vLLM
+    backend (harness.rl.vllm_backend) does not support, with the key to change."""
+    r, m = cfg.rollout, cfg.model
+    head = "rollout.backend 'vllm'"
+    unsupported = [t for t in m.lora.target_modules if t.rpartition(".")[2] in VLLM_LORA_UNSUPPORTED]
+    checks = [
+        (
+            m.finetune != "lora",
+            f"{head} with model.finetune = {m.finetune!r}: only a LoRA adapter can be swapped "
+            "into the engine after each update; set model.finetune: lora or rollout.backend: hf",
+        ),
+        (
+            bool(unsupported),
+            f"{head} with model.lora.target_modules containing {unsupported}: vLLM loads LoRA "
+            "adapters on the attention and MLP projections of a Qwen2 model only; remove them from "
+            "model.lora.target_modules or set rollout.backend: hf",
+        ),
+        (
+            m.lora.r > VLLM_MAX_LORA_RANK,
+            f"{head} with model.lora.r = {m.lora.r}: vLLM's largest LoRA rank is "
+            f"{VLLM_MAX_LORA_RANK}; lower model.lora.r or set rollout.backend: hf",
+        ),
+        (
+            cfg.train.device == "cpu",
+            f"{head} with train.device = 'cpu': vLLM samples on the GPU the trainer "
+            "shares with it; set train.device: cuda (or auto on a CUDA machine) or rollout.backend: hf",
+        ),
+        (
+            r.constrain,
+            f"{head} with rollout.constrain = true: trie-constrained decoding is our sampler's, vLLM "
+            "has no per-token admissible-action constraint here; set rollout.constrain: false or rollout.backend: hf",
+        ),
+        (
+            r.cross_policy.members > 0,
+            f"{head} with rollout.cross_policy.members = {r.cross_policy.members}: the "
+            "stale pool members are torch copies our sampler runs; set rollout.cross_policy.members: 0 or "
+            "rollout.backend: hf",
+        ),
+        (
+            r.sampler_dtype != "same",
+            f"{head} with rollout.sampler_dtype = {r.sampler_dtype!r}: the engine "
+            "samples in model.dtype; set rollout.sampler_dtype: same (or change model.dtype)",
+        ),
+        (
+            r.staleness > 0,
+            f"{head} with rollout.staleness = {r.staleness}: the engine always holds the latest "
+            "adapter (synchronous rollouts); set rollout.staleness: 0 or rollout.backend: hf",
+        ),
+        (
+            r.concurrent,
+            f"{head} with rollout.concurrent = true: the engine runs in the learner's process, "
+            "asleep during updates; set rollout.concurrent: false or rollout.backend: hf",
+        ),
+        (
+            r.top_p < 1 and cfg.algo.correction.name != "none",
+            f"{head} with rollout.top_p = {r.top_p} and "
+            f"algo.correction.name = {cfg.algo.correction.name!r}: vLLM's log-probs are renormalised over the "
+            "top-p nucleus, so the correction would read biased sampler log-probs; set rollout.top_p: 1, "
+            "algo.correction.name: none, or rollout.backend: hf",
+        ),
+    ]
+    return next((message for bad, message in checks if bad), None)
 
 
 def axis_params(cls: type[P], section: BaseModel, **fixed: Any) -> P:

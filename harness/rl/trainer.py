@@ -5,7 +5,7 @@ Loop (one row of metrics.jsonl per update; row 0 = the held-out evaluation befor
     load policy (+ SFT warm-up) -> resume checkpoint if present
     for each update:
         tasks (seeded by (seed, update)) -> rollout (G episodes per task, lock-step; the sampler is
-        the trainer's model or its copy in rollout.sampler_dtype)
+        the trainer's model, its copy in rollout.sampler_dtype, or vLLM's engine with the adapter)
         -> group filter (dapo may refill) -> training batch (layout + masks)
         -> update (advantages, epochs x minibatches)       [harness.rl.losses]
         -> diagnostics -> metrics.jsonl + MLflow; held-out eval every k; checkpoint every k
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from harness.rl.sampler_copy import SamplerModel, StalePool
 from harness.rl.seeding import seed_everything
 from harness.rl.update import make_optimizer, run_update
 from harness.rl.venvs import VenvPool
+from harness.rl.vllm_backend import VLLMSampler
 from harness.transcript.records import Episode
 
 ProgressFn = Callable[[dict], None]
@@ -130,6 +132,8 @@ class Trainer:
         self.sampler = SamplerModel(self.policy.model, cfg.rollout.sampler_dtype, cfg.rollout.staleness)
         xp = cfg.rollout.cross_policy  # cross-policy sampling: the pool's stale members
         self.pool = StalePool(self.policy.model, cfg.rollout.sampler_dtype, xp.members, xp.refresh_every)
+        # rollout.backend vllm: training rollouts on vLLM's engine (evaluation and ACT stay on our sampler)
+        self.vllm = VLLMSampler(cfg, source, self.device) if cfg.rollout.backend == "vllm" else None
         self.judge = build_judge(cfg, self.policy)  # reward.process (None when off)
         self._judge_s = 0.0  # seconds the judge took in this update (timings.jsonl)
         self.teacher = teacher_model(cfg, self.policy, self.judge)  # algo.distill (used when coef > 0)
@@ -161,6 +165,8 @@ class Trainer:
         self.stages.detach()
         if self.concurrent is not None:
             self.concurrent.close()
+        if self.vllm is not None:
+            self.vllm.close()
         self._venv.close()
         self.env.close()
 
@@ -189,7 +195,7 @@ class Trainer:
     ) -> list[Episode]:
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
         return collect(
-            self.sampler.model(),
+            self.vllm if self.vllm is not None else self.sampler.model(),
             self.policy.chat,
             self._venv(len(tasks)),
             tasks,
@@ -387,7 +393,9 @@ class Trainer:
         if act.mode == "stage" and update <= act.updates:  # an ACT update instead of an RL one
             act_eps, act_stats = self._act_rollout(update, self.cfg.rollout.tasks_per_update)
             return self._learn(update, budget, [], [], act_stats, time.time() - t0, act_eps)
-        kept, all_eps, fstats = self._filtered_rollout(update, budget)
+        # rollout.backend vllm: the engine wakes with the adapter of the updates so far, sleeps for the update
+        with self.vllm.awake(self.policy, update - 1) if self.vllm is not None else nullcontext():
+            kept, all_eps, fstats = self._filtered_rollout(update, budget)
         act_eps: list[Episode] = []
         if self.act_questions:  # act.mode mixed
             act_eps, act_stats = self._act_rollout(update, self.act_questions)

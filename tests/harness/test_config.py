@@ -146,7 +146,57 @@ MALFORMED = {
         [],
         ["algo.critic.enabled: true needs an estimator", "'gae'", "'reinforce_pp'", "not 'grpo'"],
     ),
-    "vllm-not-implemented": ("rollout:\n  backend: vllm\n", [], ["rollout.backend 'vllm' is not implemented", "'hf'"]),
+    # rollout.backend vllm: one case per combination the vLLM backend refuses (harness.rl.vllm_backend)
+    "vllm-full-finetune": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\nmodel:\n  finetune: full\n",
+        [],
+        ["rollout.backend 'vllm' with model.finetune = 'full'", "only a LoRA adapter", "model.finetune: lora"],
+    ),
+    "vllm-lora-lm-head": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["model.lora.target_modules=[q_proj,lm_head]"],
+        ["model.lora.target_modules containing ['lm_head']", "remove them", "rollout.backend: hf"],
+    ),
+    "vllm-lora-rank": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["model.lora.r=1024"],
+        ["model.lora.r = 1024", "largest LoRA rank is 512", "lower model.lora.r"],
+    ),
+    "vllm-cpu": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cpu\n",
+        [],
+        ["rollout.backend 'vllm' with train.device = 'cpu'", "set train.device: cuda"],
+    ),
+    "vllm-constrain": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.constrain=true"],
+        ["rollout.constrain = true", "trie-constrained decoding", "set rollout.constrain: false"],
+    ),
+    "vllm-cross-policy": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.cross_policy.members=2"],
+        ["rollout.cross_policy.members = 2", "set rollout.cross_policy.members: 0"],
+    ),
+    "vllm-sampler-dtype": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.sampler_dtype=bfloat16"],
+        ["rollout.sampler_dtype = 'bfloat16'", "set rollout.sampler_dtype: same"],
+    ),
+    "vllm-staleness": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.staleness=1"],
+        ["rollout.staleness = 1", "latest adapter", "set rollout.staleness: 0"],
+    ),
+    "vllm-concurrent": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.concurrent=true", "rollout.staleness=0"],
+        ["rollout.concurrent = true", "set rollout.concurrent: false"],
+    ),
+    "vllm-top-p-correction": (
+        "rollout:\n  backend: vllm\ntrain:\n  device: cuda\n",
+        ["rollout.top_p=0.9", "algo.correction.name=tis_token"],
+        ["rollout.top_p = 0.9", "algo.correction.name = 'tis_token'", "renormalised over the top-p nucleus"],
+    ),
     "bad-correction": (
         "algo:\n  correction: {name: tis}\n",
         [],

@@ -132,7 +132,12 @@ RUN = [
     run_case("sft-over-budget", "sft: {budget: 100, demos: 50}\n", "sft.budget = 100", "sft.demos"),
     run_case("temperature-zero", "rollout: {temperature: 0}\n", "rollout.temperature = 0", "greater than 0"),
     run_case("top-p", "rollout: {top_p: 1.5}\n", "rollout.top_p = 1.5", "less than or equal to 1"),
-    run_case("vllm", "rollout: {backend: vllm}\n", "rollout.backend 'vllm' is not implemented"),
+    run_case(
+        "vllm-cpu",
+        "rollout: {backend: vllm}\ntrain: {device: cpu}\n",
+        "rollout.backend 'vllm' with train.device = 'cpu'",
+        "set train.device: cuda",
+    ),
     run_case(
         "staleness-negative", "rollout: {staleness: -1}\n", "rollout.staleness = -1", "greater than or equal to 0"
     ),
