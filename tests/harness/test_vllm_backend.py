@@ -42,7 +42,7 @@ MEAN_ABS_LOGP_DIFF = 0.05  # bfloat16 engine vs bfloat16 trainer, mean over the 
 
 
 def harness_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run(
         [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
     )

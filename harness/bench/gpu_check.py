@@ -1,0 +1,220 @@
+"""The GPU check: one command, on one NVIDIA GPU with no network, from a fresh clone.
+
+    python3 -m harness.bench.gpu_check [--wheels DIR] [--out gpu_check.json]
+
+It needs only what a PyTorch GPU image has (torch with CUDA, numpy, pandas, matplotlib, pyyaml,
+rich, typer, tokenizers, safetensors, huggingface_hub, peft, pytest) plus the wheels in WHEELS,
+installed from DIR (default `.whl`) into a private folder with pip's --no-index --no-deps: nothing
+is fetched. On a machine with network, `python3 -m harness.bench.gpu_check --download DIR`
+fetches them first (for Python 3.12 on x86-64 Linux; --python-version to change).
+
+Steps, each timed and recorded in the JSON report (about 5-8 minutes on one H200):
+1. the environment: torch, CUDA, the GPU, transformers and peft versions;
+2. the `gpu` tests (tests/harness/test_static_kv.py, tests/harness/test_vllm_backend.py: the
+   vLLM ones skip with their reason where vLLM is not installed);
+3. the tiny clipping sweep on CUDA with the static engine: 5 points, seed 0, 3 updates, 32
+   held-out maps (`harness sweep sweeps/clipping.yaml -o train.device=cuda ...`);
+4. `harness bench` on CUDA: rollout, log-prob memory, engines (HF generate vs ours at Qwen2.5-0.5B's
+   shape with random weights, batches 64 and 256) and the update at that shape (8 x 2048);
+5. the issue's targets next to the measured values.
+
+`--cpu` runs the same steps on the CPU (with the CPU sizes of `harness bench`), to check the
+script itself on a machine without a GPU; its figures are not GPU figures.
+Only the standard library is imported here: the harness runs in subprocesses once the wheels
+are on their path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# what the harness needs beyond a PyTorch GPU image (checked against one: torch 2.11, transformers
+# 5.17, peft, pytest, pandas, matplotlib, pyyaml, rich, typer, tokenizers 0.23, huggingface_hub 1.33)
+WHEELS = (
+    "transformers==5.24.0",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "gymnasium==1.4.0",
+    "farama-notifications==0.0.6",
+)
+GPU_TESTS = ("tests/harness/test_static_kv.py", "tests/harness/test_vllm_backend.py")
+SWEEP_OVERRIDES = (
+    "train.updates=3",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+    "train.mi_every=0",
+    "train.eval_episodes=32",
+    "env.heldout_tasks=32",
+    "train.threads=0",
+    "rollout.backend=static",
+)
+TARGETS = {  # issue 18, one H200, Qwen2.5-0.5B shape
+    "static engine vs HF generate, batch 256": (">=", 10.0),
+    "static engine, fraction of the bandwidth floor, batch 256": (">=", 0.20),
+    "update peak memory at 8 x 2048, GiB": ("<=", 16.0),
+}
+
+
+def download(dest: Path, python_version: str) -> int:
+    """pip download WHEELS into dest for CPython `python_version` on manylinux x86-64."""
+    dest.mkdir(parents=True, exist_ok=True)
+    plats = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
+    cmd += ["--python-version", python_version, "--implementation", "cp"]
+    for p in plats:
+        cmd += ["--platform", p]
+    return subprocess.call(cmd + list(WHEELS))
+
+
+def install(wheels: Path, target: Path) -> dict:
+    files = sorted(str(p) for p in wheels.glob("*.whl"))
+    if not files:
+        return {"status": "skipped", "reason": f"no wheels in {wheels}"}
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    cmd += ["--no-cache-dir", "--upgrade", "--target", str(target), *files]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return {
+        "status": "ok" if proc.returncode == 0 else "failed",
+        "wheels": [Path(f).name for f in files],
+        "output": proc.stdout[-2000:] + proc.stderr[-2000:],
+    }
+
+
+def _run(cmd: list[str], env: dict, timeout: int, log: Path) -> dict:
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = 124
+        out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+        out += f"\n[timed out after {timeout} s]"
+    log.write_text(out)
+    return {"command": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "tail": out[-1500:]}
+
+
+def environment(env: dict) -> dict:
+    code = (
+        "import json, torch, transformers, peft;"
+        "c = torch.cuda.is_available();"
+        "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'cuda_available': c,"
+        "'gpu': torch.cuda.get_device_name(0) if c else None,"
+        "'gpu_memory_gib': torch.cuda.get_device_properties(0).total_memory / 2**30 if c else None,"
+        "'transformers': transformers.__version__, 'peft': peft.__version__}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    info.update(python=platform.python_version(), machine=platform.machine())
+    return info
+
+
+def _pytest_counts(tail: str) -> dict:
+    counts = {}
+    for n, word in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", tail):
+        counts[word] = int(n)
+    return counts
+
+
+def targets(bench: dict) -> dict:
+    """The issue's targets next to the measured values (None where the part did not run)."""
+    eng = bench.get("engines", {}).get("by_batch", {}).get("256", {})
+    upd = bench.get("update_at_shape", {}).get("checkpointing", {})
+    measured = {
+        "static engine vs HF generate, batch 256": eng.get("static_vs_generate"),
+        "static engine, fraction of the bandwidth floor, batch 256": eng.get("static_fraction_of_floor"),
+        "update peak memory at 8 x 2048, GiB": upd.get("peak_gib"),
+    }
+    out = {}
+    for name, (op, bound) in TARGETS.items():
+        value = measured[name]
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        out[name] = {"target": f"{op} {bound}", "measured": value, "met": met}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m harness.bench.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--wheels", type=Path, default=REPO / ".whl", help="folder of the wheels in WHEELS")
+    ap.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON report")
+    ap.add_argument("--download", type=Path, default=None, help="only fetch the wheels into this folder")
+    ap.add_argument("--python-version", default="3.12", help="with --download: the target's Python")
+    ap.add_argument("--cpu", action="store_true", help="run the steps on the CPU (checks the script only)")
+    ap.add_argument("--skip", action="append", default=[], help="tests, sweep and/or bench")
+    args = ap.parse_args(argv)
+    if args.download is not None:
+        return download(args.download, args.python_version)
+    report: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "mode": "cpu" if args.cpu else "cuda"}
+    work = Path(tempfile.mkdtemp(prefix="harness-gpu-check-"))
+    site = work / "site"
+    report["wheels"] = install(args.wheels, site)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(HF_HUB_OFFLINE="1", HOME=str(work / "home"), HARNESS_CACHE=str(work / "cache"), PYTHONUNBUFFERED="1")
+    env.setdefault("MPLBACKEND", "Agg")
+    report["environment"] = environment(env)
+    device = "cpu" if args.cpu else "cuda"
+    if not args.cpu and not report["environment"].get("cuda_available"):
+        report["error"] = "no CUDA device visible to torch (use --cpu to check the script on a CPU)"
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(report["error"], file=sys.stderr)
+        return 2
+    py, steps = sys.executable, {}
+    if "tests" not in args.skip:
+        marker = "gpu" if not args.cpu else "not slow"
+        r = _run(
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *GPU_TESTS], env, 300, work / "tests.log"
+        )
+        r["counts"] = _pytest_counts(r["tail"])
+        steps["gpu_tests"] = r
+    if "sweep" not in args.skip:
+        over = [a for o in (*SWEEP_OVERRIDES, f"train.device={device}") for a in ("-o", o)]
+        cmd = [py, "-m", "harness", "sweep", "sweeps/clipping.yaml", "--seeds", "0", "--no-mlflow", "--workers", "5"]
+        r = _run([*cmd, "--results", str(work / "results"), *over], env, 420, work / "sweep.log")
+        points = sorted((work / "results" / "clipping").glob("*/summary.json"))
+        done = [p for p in points if json.loads(p.read_text()).get("status") == "done"]
+        r["points_done"] = len(done)
+        r["final_metrics"] = {}
+        for d in done:
+            rows = (d.parent / "metrics.jsonl").read_text().splitlines()
+            last = json.loads(rows[-1]) if rows else {}
+            keep = ("eval_sampled/success", "eval_greedy/success", "perf/rollout_tokens", "time/update_s")
+            r["final_metrics"][d.parent.name] = {k: last.get(k) for k in keep if k in last}
+        steps["clipping_sweep"] = r
+    if "bench" not in args.skip:
+        out = work / "bench.json"
+        cmd = [py, "-m", "harness", "bench", "configs/frozenlake_tiny.yaml", "-o", f"train.device={device}"]
+        cmd += ["-o", "train.threads=0", "--steps", "2", "--out", str(out)]
+        for part in ("rollout", "memory", "engines", "update"):
+            cmd += ["--only", part]
+        r = _run(cmd, env, 600, work / "bench.log")
+        r["result"] = json.loads(out.read_text()) if out.exists() else None
+        steps["bench"] = r
+        if r["result"]:
+            report["targets"] = targets(r["result"])
+    report["steps"] = steps
+    report["logs"] = str(work)
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    failed = [k for k, v in steps.items() if v["rc"] != 0]
+    print(f"wrote {args.out}; steps failed: {', '.join(failed) or 'none'}; logs in {work}")
+    for name, t in report.get("targets", {}).items():
+        print(f"  {name}: {t['measured']} (target {t['target']}, met: {t['met']})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
