@@ -10,7 +10,7 @@ fetches them first (for Python 3.12 on x86-64 Linux; --python-version to change)
 
 Steps, each timed and recorded in the JSON report (about 5-8 minutes on one H200):
 1. the environment: torch, CUDA, the GPU, transformers and peft versions;
-2. the `gpu` tests (tests/harness/test_static_kv.py, tests/harness/test_vllm_backend.py: the
+2. the `gpu` tests (tests/harness/test_static_kv.py, test_gpu_path.py, test_vllm_backend.py: the
    vLLM ones skip with their reason where vLLM is not installed);
 3. the tiny clipping sweep on CUDA with the static engine: 5 points, seed 0, 3 updates, 32
    held-out maps (`harness sweep sweeps/clipping.yaml -o train.device=cuda ...`);
@@ -49,7 +49,11 @@ WHEELS = (
     "gymnasium==1.4.0",
     "farama-notifications==0.0.6",
 )
-GPU_TESTS = ("tests/harness/test_static_kv.py", "tests/harness/test_vllm_backend.py")
+GPU_TESTS = (
+    "tests/harness/test_static_kv.py",
+    "tests/harness/test_gpu_path.py",
+    "tests/harness/test_vllm_backend.py",
+)
 SWEEP_OVERRIDES = (
     "train.updates=3",
     "train.eval_every=0",
