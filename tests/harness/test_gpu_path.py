@@ -4,11 +4,14 @@ bf16 parameters, activation checkpointing and CUDA graphs."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.harness.test_trainer import cfg_with, run, shared_cache  # noqa: F401 (the module's cache fixture)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_static_backend_trains_like_the_default(tmp_path):
@@ -40,3 +43,35 @@ def test_trainer_on_cuda_in_bf16_with_checkpointing(tmp_path, backend):
         for key in ("loss/policy", "diag/grad_norm", "diag/kl_k3"):
             assert math.isfinite(r[key]), (key, r[key])
     assert summary.get("status", "done") != "failed"
+
+
+RECIPES = ["frozenlake", "sokoban", pytest.param("tooluse", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("env", RECIPES)
+def test_gpu_recipes_run_with_a_local_model_folder(tmp_path, env):
+    """The Qwen2.5 recipes (configs/qwen05b_*.yaml) run end to end through the pretrained-model
+    path (a local folder), LoRA on every projection, activation checkpointing and the static
+    engine; here on CPU, float32, with the tiny model's folder standing in for Qwen2.5 and one
+    small update (the recipes' own sizes need a GPU)."""
+    from harness.experiments.loading import load_run_config
+    from harness.model.cache import cache_dir
+    from harness.model.tiny import tiny_base
+
+    folder, _ = tiny_base(cfg_with(), cache_dir())
+    overrides = {
+        "model.name": str(folder),
+        "model.dtype": "float32",
+        "train.device": "cpu",
+        "train.threads": 1,
+        "train.updates": 1,
+        "train.eval_episodes": 4,
+        "env.heldout_tasks": 4,
+        "rollout.tasks_per_update": 2,
+        "rollout.group_size": 2,
+        "tracking.mlflow": False,
+    }
+    cfg = load_run_config(REPO / "configs" / f"qwen05b_{env}.yaml", [f"{k}={v}" for k, v in overrides.items()])
+    assert cfg.rollout.backend == "static" and cfg.model.gradient_checkpointing and cfg.model.dtype == "float32"
+    rows, _ = run(cfg, tmp_path / env)
+    assert [r["update"] for r in rows] == [0, 1] and math.isfinite(rows[1]["loss/policy"])
