@@ -45,7 +45,11 @@ def test_trainer_on_cuda_in_bf16_with_checkpointing(tmp_path, backend):
     assert summary.get("status", "done") != "failed"
 
 
-RECIPES = ["frozenlake", "sokoban", pytest.param("tooluse", marks=pytest.mark.slow)]
+RECIPES = [
+    "frozenlake",
+    "sokoban",
+    *(pytest.param(e, marks=pytest.mark.slow) for e in ("tooluse", "textworld", "alfworld")),
+]
 
 
 @pytest.mark.parametrize("env", RECIPES)
