@@ -63,17 +63,10 @@ def qwen05b_shaped_head_model() -> torch.nn.Module:
     the log-prob memory question is about the output layer, which this reproduces exactly."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from harness.bench.engines import SHAPES
+
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=1,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**{**SHAPES["0.5b"], "num_hidden_layers": 1})).eval()
     for p in model.parameters():  # frozen, as under LoRA: the gradient flows into the hidden states
         p.requires_grad_(False)
     return model

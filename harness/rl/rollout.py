@@ -151,13 +151,18 @@ class KVBatch:
 
     def prefill(self, new_ids: list[list[int]]) -> torch.Tensor:
         """Append a ragged list of segments, left-padded; logits after each row's last token."""
-        L = max(len(x) for x in new_ids)
-        ids = torch.full((len(new_ids), L), self.pad_id, dtype=torch.long)
-        real = torch.zeros(len(new_ids), L, dtype=torch.bool)
-        for b, x in enumerate(new_ids):
-            ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
-            real[b, L - len(x) :] = True
-        return self.feed(ids.to(self.device), real.to(self.device))
+        return self.feed(*left_padded(new_ids, self.pad_id, self.device))
+
+
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged segments as (B, L) ids left-padded with pad_id, and (B, L) bool: the real slots."""
+    L = max(len(x) for x in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    real = torch.zeros(len(rows), L, dtype=torch.bool)
+    for b, x in enumerate(rows):
+        ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
+        real[b, L - len(x) :] = True
+    return ids.to(device), real.to(device)
 
 
 def kv_batch(model, pad_id: int, backend: str = "hf"):

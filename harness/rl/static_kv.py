@@ -216,13 +216,9 @@ class StaticKVBatch:
 
     def prefill(self, new_ids: list[list[int]]) -> torch.Tensor:
         """Append a ragged list of segments, left-padded; logits after each row's last token."""
-        L = max(len(x) for x in new_ids)
-        ids = torch.full((len(new_ids), L), self.pad_id, dtype=torch.long)
-        real = torch.zeros(len(new_ids), L, dtype=torch.bool)
-        for b, x in enumerate(new_ids):
-            ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
-            real[b, L - len(x) :] = True
-        return self.feed(ids.to(self.device), real.to(self.device))
+        from harness.rl.rollout import left_padded
+
+        return self.feed(*left_padded(new_ids, self.pad_id, self.device))
 
     # ------------------------------------------------------------------ the decode step
     def _step_body(self, Bb: int, Tb: int, inp: dict) -> torch.Tensor:

@@ -38,18 +38,20 @@ def tiny_chat() -> ChatFormat:
     return ChatFormat(PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS))
 
 
+# the shape of the rollout tests' models (also used by tests/harness/test_static_kv.py)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=2048,
+)
+
+
 def tiny_model(vocab: int, attn: str = "sdpa", seed: int = 0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=2048,
-    )
-    model = Qwen2ForCausalLM(cfg)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, **TINY_SHAPE))
     model.config._attn_implementation = attn
     return model.eval()
 

@@ -16,6 +16,7 @@ from harness.rl.rollout import KVBatch, kv_batch
 from harness.rl.static_kv import StaticKVBatch, static_kv_batch
 from tests.harness.test_rollout import (
     TASKS,
+    TINY_SHAPE,
     CounterEnv,
     EndlessEnv,
     concatenated,
@@ -34,15 +35,7 @@ def chat():
 def qwen(vocab: int, eot: int | None = None, seed: int = 0, kind: str = "qwen2"):
     """A tiny model; with `eot`, an output bias makes the end-of-turn token likely (ragged actions)."""
     torch.manual_seed(seed)
-    shape = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=4096,
-    )
+    shape = dict(TINY_SHAPE, vocab_size=vocab)
     cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
     cls["llama"] = (LlamaConfig, LlamaForCausalLM)
     config_cls, model_cls = cls[kind]
