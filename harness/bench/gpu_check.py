@@ -8,7 +8,8 @@ installed from DIR (default `.whl`) into a private folder with pip's --no-index 
 is fetched. On a machine with network, `python3 -m harness.bench.gpu_check --download DIR`
 fetches them first (for Python 3.12 on x86-64 Linux; --python-version to change).
 
-Steps, each timed and recorded in the JSON report (about 5-8 minutes on one H200):
+Steps, each timed and recorded in the JSON report (sized to take under 8 minutes on one H200;
+not yet run on one: 7 minutes in --cpu mode on a 2-core CPU):
 1. the environment: torch, CUDA, the GPU, transformers and peft versions;
 2. the `gpu` tests (tests/harness/test_static_kv.py, test_gpu_path.py, test_vllm_backend.py: the
    vLLM ones skip with their reason where vLLM is not installed);
