@@ -109,18 +109,24 @@ def test_static_engine_gives_the_default_engines_episodes(chat, variant):
             assert max_logprob_error(model, seq, targets, 0.7) < 1e-4
 
 
-def test_engine_is_kept_and_grows(chat):
+@pytest.mark.parametrize("buckets", [False, True])
+def test_engine_is_kept_and_grows(chat, buckets):
     """One engine per model across calls; a long episode outgrows the first allocation (the
-    buffer doubles) and still matches the default engine."""
+    buffer doubles) and still matches the default engine. With buckets (the graph shapes), the
+    attended slots cross several 256-slot buckets and 3 rows run in a bucket of 4."""
     model = qwen(len(chat.tokenizer), chat.eot_id)
     cfg_hf, cfg_static = make_cfg(turns__max=40), make_cfg(turns__max=40)
     cfg_static.rollout.backend = "static"
     tasks = [(s, s) for s in range(3)]
     a = run(model, chat, tasks, cfg_hf, env=EndlessEnv, seed=5)
+    if buckets:
+        static_kv._ENGINES[model] = StaticKVBatch(model, chat.pad_id, graphs=False, buckets=True)
     engine = static_kv_batch(model, chat.pad_id)
     b = run(model, chat, tasks, cfg_static, env=EndlessEnv, seed=5)
     assert static_kv_batch(model, chat.pad_id) is engine
     assert engine.capacity[1] > static_kv.MIN_SLOTS  # grown past the first allocation
+    if buckets:  # 3 rows in a bucket of 4; contexts of ~1,400 tokens: six slot buckets, 2,048 slots
+        assert engine.capacity == (4, 2048)
     assert_same_episodes(a, b)
     c = run(model, chat, TASKS, cfg_static, env=CounterEnv, seed=5)  # reused for another batch
     assert_same_episodes(run(model, chat, TASKS, cfg_hf, env=CounterEnv, seed=5), c)
