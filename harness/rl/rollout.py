@@ -41,6 +41,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from harness.config.schema import RunConfig, TurnsConfig
 from harness.rl.sampling import ActionTrie, allowed_mask, draw
+from harness.rl.static_kv import left_padded, static_kv_batch
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
 from harness.transcript.records import Episode, StepRecord
@@ -154,23 +155,10 @@ class KVBatch:
         return self.feed(*left_padded(new_ids, self.pad_id, self.device))
 
 
-def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged segments as (B, L) ids left-padded with pad_id, and (B, L) bool: the real slots."""
-    L = max(len(x) for x in rows)
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    real = torch.zeros(len(rows), L, dtype=torch.bool)
-    for b, x in enumerate(rows):
-        ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
-        real[b, L - len(x) :] = True
-    return ids.to(device), real.to(device)
-
-
 def kv_batch(model, pad_id: int, backend: str = "hf"):
     """The KV engine of `rollout.backend` for `model`: a fresh `KVBatch` (hf), or the model's
     `StaticKVBatch` (static), kept across calls so its buffers and CUDA graphs are built once."""
     if backend == "static":
-        from harness.rl.static_kv import static_kv_batch
-
         return static_kv_batch(model, pad_id)
     return KVBatch(model, pad_id)
 

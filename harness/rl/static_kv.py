@@ -51,6 +51,17 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
 
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged segments as (B, L) ids left-padded with pad_id, and (B, L) bool: the real slots."""
+    L = max(len(x) for x in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    real = torch.zeros(len(rows), L, dtype=torch.bool)
+    for b, x in enumerate(rows):
+        ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
+        real[b, L - len(x) :] = True
+    return ids.to(device), real.to(device)
+
+
 def _bucket_rows(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -216,8 +227,6 @@ class StaticKVBatch:
 
     def prefill(self, new_ids: list[list[int]]) -> torch.Tensor:
         """Append a ragged list of segments, left-padded; logits after each row's last token."""
-        from harness.rl.rollout import left_padded
-
         return self.feed(*left_padded(new_ids, self.pad_id, self.device))
 
     # ------------------------------------------------------------------ the decode step
