@@ -13,11 +13,14 @@ not yet run on one: 7 minutes in --cpu mode on a 2-core CPU):
 1. the environment: torch, CUDA, the GPU, transformers and peft versions;
 2. the `gpu` tests (tests/harness/test_static_kv.py, test_gpu_path.py, test_vllm_backend.py: the
    vLLM ones skip with their reason where vLLM is not installed);
-3. the tiny clipping sweep on CUDA with the static engine: 5 points, seed 0, 3 updates, 32
+3. `harness bench` on CUDA, parts engines (HF generate vs ours at Qwen2.5-0.5B's shape with random
+   weights, batches 64 and 256) and update (that shape, 8 x 2048), with the issue's targets next to
+   the measured values;
+4. the tiny clipping sweep on CUDA with the static engine: 5 points, seed 0, 3 updates, 32
    held-out maps (`harness sweep sweeps/clipping.yaml -o train.device=cuda ...`);
-4. `harness bench` on CUDA: rollout, log-prob memory, engines (HF generate vs ours at Qwen2.5-0.5B's
-   shape with random weights, batches 64 and 256) and the update at that shape (8 x 2048);
-5. the issue's targets next to the measured values.
+5. `harness bench` on CUDA, parts rollout and log-prob memory (the tiny model).
+The steps share --deadline (default 540 s, inside a 10-minute limit); the report is rewritten
+after each step, so a run stopped early keeps what it measured.
 
 `--cpu` runs the same steps on the CPU (with the CPU sizes of `harness bench`), to check the
 script itself on a machine without a GPU; its figures are not GPU figures.
@@ -159,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python-version", default="3.12", help="with --download: the target's Python")
     ap.add_argument("--cpu", action="store_true", help="run the steps on the CPU (checks the script only)")
     ap.add_argument("--skip", action="append", default=[], help="tests, sweep and/or bench")
+    ap.add_argument(
+        "--deadline", type=int, default=540, help="seconds for all steps together (each step is cut to fit)"
+    )
     args = ap.parse_args(argv)
     if args.download is not None:
         return download(args.download, args.python_version)
@@ -177,41 +183,56 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(report["error"], file=sys.stderr)
         return 2
-    py, steps = sys.executable, {}
+    py, steps, t_start = sys.executable, {}, time.monotonic()
+    report["steps"], report["logs"] = steps, str(work)
+
+    def done(name: str, r: dict) -> None:
+        """Record a step and rewrite the report, so a run stopped later keeps what it measured."""
+        steps[name] = r
+        args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"{name}: rc {r['rc']} in {r['seconds']} s", flush=True)
+
+    def left(cap: int) -> int:
+        """A step's time limit: its own cap, within what is left of --deadline (30 s at least)."""
+        return max(30, min(cap, int(args.deadline - (time.monotonic() - t_start))))
+
+    def bench(name: str, parts: tuple[str, ...], cap: int) -> None:
+        out = work / f"{name}.json"
+        cmd = [py, "-m", "harness", "bench", "configs/frozenlake_tiny.yaml", "-o", f"train.device={device}"]
+        cmd += ["-o", "train.threads=0", "--steps", "2", "--out", str(out)]
+        for part in parts:
+            cmd += ["--only", part]
+        r = _run(cmd, env, left(cap), work / f"{name}.log")
+        r["result"] = json.loads(out.read_text()) if out.exists() else None
+        if r["result"] and "engines" in parts:
+            report["targets"] = targets(r["result"])
+        done(name, r)
+
+    # most important first: the tests, then the issue's figures, then the sweep and the small benches
     if "tests" not in args.skip:
         marker = "gpu" if not args.cpu else "not slow"
-        r = _run(
-            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *GPU_TESTS], env, 300, work / "tests.log"
-        )
+        cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *GPU_TESTS]
+        r = _run(cmd, env, left(180), work / "tests.log")
         r["counts"] = _pytest_counts(r["tail"])
-        steps["gpu_tests"] = r
+        done("gpu_tests", r)
+    if "bench" not in args.skip:
+        bench("bench_shapes", ("engines", "update"), 300)
     if "sweep" not in args.skip:
         over = [a for o in (*SWEEP_OVERRIDES, f"train.device={device}") for a in ("-o", o)]
         cmd = [py, "-m", "harness", "sweep", "sweeps/clipping.yaml", "--seeds", "0", "--no-mlflow", "--workers", "5"]
-        r = _run([*cmd, "--results", str(work / "results"), *over], env, 420, work / "sweep.log")
-        points = sorted((work / "results" / "clipping").glob("*/summary.json"))
-        done = [p for p in points if json.loads(p.read_text()).get("status") == "done"]
-        r["points_done"] = len(done)
+        r = _run([*cmd, "--results", str(work / "results"), *over], env, left(240), work / "sweep.log")
+        summaries = sorted((work / "results" / "clipping").glob("*/summary.json"))
+        finished = [p for p in summaries if json.loads(p.read_text()).get("status") == "done"]
+        r["points_done"] = len(finished)
         r["final_metrics"] = {}
-        for d in done:
+        for d in finished:
             rows = (d.parent / "metrics.jsonl").read_text().splitlines()
             last = json.loads(rows[-1]) if rows else {}
             keep = ("eval_sampled/success", "eval_greedy/success", "perf/rollout_tokens", "time/update_s")
             r["final_metrics"][d.parent.name] = {k: last.get(k) for k in keep if k in last}
-        steps["clipping_sweep"] = r
+        done("clipping_sweep", r)
     if "bench" not in args.skip:
-        out = work / "bench.json"
-        cmd = [py, "-m", "harness", "bench", "configs/frozenlake_tiny.yaml", "-o", f"train.device={device}"]
-        cmd += ["-o", "train.threads=0", "--steps", "2", "--out", str(out)]
-        for part in ("rollout", "memory", "engines", "update"):
-            cmd += ["--only", part]
-        r = _run(cmd, env, 600, work / "bench.log")
-        r["result"] = json.loads(out.read_text()) if out.exists() else None
-        steps["bench"] = r
-        if r["result"]:
-            report["targets"] = targets(r["result"])
-    report["steps"] = steps
-    report["logs"] = str(work)
+        bench("bench_small", ("rollout", "memory"), 180)
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     failed = [k for k, v in steps.items() if v["rc"] != 0]
