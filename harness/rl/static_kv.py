@@ -12,7 +12,10 @@ tokens only, every slot sees itself) and computes the same logits, but:
   grown by doubling only when a turn does not fit (which drops the captured graphs);
 - the decoder is run layer by layer here, calling the model's own modules (norms, the q/k/v/o
   projections with their LoRA adapters, the MLP, the rotary embedding), with attention through
-  `scaled_dot_product_attention` and grouped-query heads (`enable_gqa`), no repeated K/V;
+  `scaled_dot_product_attention`. Grouped-query heads are folded, not repeated: the G query heads
+  that share a K/V head become G query rows against it, (B, Hq, L, D) -> (B, Hkv, G*L, D), so no
+  kernel copies K and V G times (PyTorch's `enable_gqa` leaves masked attention to kernels that
+  repeat them) and the fused kernels that take a mask apply;
 - a decode step (one token per row) needs only a key-padding mask (rows, 1, 1, slots): a slot is
   visible when it holds a real token or is the row's own new slot;
 - on CUDA the decode step is captured once per (row bucket, slot bucket) as a CUDA graph and
@@ -184,6 +187,9 @@ class StaticKVBatch:
         layer i's new keys/values. Returns the last position's logits (B, V)."""
         cos, sin = self.decoder.rotary_emb(x, pos)  # (B, L, D)
         B, L = x.shape[:2]
+        G = self.n_q // self.n_kv  # query heads per K/V head
+        if G > 1 and L > 1:  # each query row's mask, once per folded head: (B, 1, G*L, slots)
+            attend = attend.unsqueeze(2).expand(B, 1, G, L, n_slots).reshape(B, 1, G * L, n_slots)
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x)
@@ -195,9 +201,10 @@ class StaticKVBatch:
             v = a.v_proj(h).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
             write(i, k, v)
             keys, values = self.k[i, :n_rows, :, :n_slots], self.v[i, :n_rows, :, :n_slots]
+            # query head h = kv * G + g reads K/V head kv (HF's repeat_kv order): fold g into the rows
             o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=attend, scale=self.scaling, enable_gqa=self.n_q != self.n_kv
-            )  # (B, Hq, L, D)
+                q.reshape(B, self.n_kv, G * L, self.head_dim), keys, values, attn_mask=attend, scale=self.scaling
+            ).reshape(B, self.n_q, L, self.head_dim)  # (B, Hkv, G*L, D) -> (B, Hq, L, D)
             x = x + a.o_proj(o.transpose(1, 2).reshape(B, L, self.n_q * self.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.head(self.decoder.norm(x[:, -1]))
