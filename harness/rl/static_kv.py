@@ -14,8 +14,9 @@ tokens only, every slot sees itself) and computes the same logits, but:
   projections with their LoRA adapters, the MLP, the rotary embedding), with attention through
   `scaled_dot_product_attention`. Grouped-query heads are folded, not repeated: the G query heads
   that share a K/V head become G query rows against it, (B, Hq, L, D) -> (B, Hkv, G*L, D), so no
-  kernel copies K and V G times (PyTorch's `enable_gqa` leaves masked attention to kernels that
-  repeat them) and the fused kernels that take a mask apply;
+  kernel copies K and V G times (with `enable_gqa` and a mask, PyTorch may fall back to a kernel
+  that repeats them, as its reference implementation does) and any fused kernel that takes a mask
+  applies;
 - a decode step (one token per row) needs only a key-padding mask (rows, 1, 1, slots): a slot is
   visible when it holds a real token or is the row's own new slot;
 - on CUDA the decode step is captured once per (row bucket, slot bucket) as a CUDA graph and
