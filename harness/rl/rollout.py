@@ -41,7 +41,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from harness.config.schema import RunConfig, TurnsConfig
 from harness.rl.sampling import ActionTrie, allowed_mask, draw
-from harness.rl.static_kv import left_padded, static_kv_batch
+from harness.rl.static_kv import attention_layer_types, left_padded, squeeze_order, static_kv_batch
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
 from harness.transcript.records import Episode, StepRecord
@@ -102,11 +102,9 @@ class KVBatch:
                 f"the rollout engine needs attn_implementation 'sdpa' or 'eager' (explicit "
                 f"4D masks with holes), got {self.attn!r}"
             )
-        layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
-            raise ValueError(
-                f"the rollout engine supports full-attention models only, got layer types {sorted(layer_types)}"
-            )
+        layer_types = attention_layer_types(model.config)
+        if layer_types is not None:
+            raise ValueError(f"the rollout engine supports full-attention models only, got layer types {layer_types}")
         self.reset(0)
 
     def reset(self, rows: int) -> None:
@@ -121,9 +119,7 @@ class KVBatch:
         """Keep `rows` (in this order) and squeeze out holes: real slots move right, padding left."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         mask, self.length = self.mask[idx], self.length[idx]
-        T = int(self.length.max()) if len(rows) else 0
-        # stable sort puts hole slots first, real slots after in their order: (B, T_old)
-        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T :]
+        order = squeeze_order(mask, self.length)  # (B, T)
         self.mask = mask.gather(1, order)  # (B, T)
         for layer in self._layers():
             k, v = layer.keys[idx], layer.values[idx]  # (B, H, T_old, D)

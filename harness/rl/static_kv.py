@@ -66,6 +66,23 @@ def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
     return ids.to(device), real.to(device)
 
 
+def attention_layer_types(config) -> list[str] | None:
+    """The model's attention layer types when any is not full attention (sliding windows); None
+    when every layer attends to the whole context, the only kind both KV engines support."""
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"} or getattr(config, "use_sliding_window", False):
+        return sorted(types)
+    return None
+
+
+def squeeze_order(mask: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """For each row of `mask` (B, T_old, True = real slot), the slots to keep so that its real
+    tokens end up right-aligned in (B, max length): a stable sort puts the holes first and the
+    real slots after them in their order, and the last max-length slots are kept."""
+    T = int(length.max()) if len(length) else 0
+    return torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T :]
+
+
 def _bucket_rows(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -90,10 +107,10 @@ class StaticKVBatch:
                 f"rollout.backend static supports model types {', '.join(SUPPORTED)}; this model is "
                 f"{cfg.model_type!r}: use rollout.backend hf"
             )
-        layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
+        layer_types = attention_layer_types(cfg)
+        if layer_types is not None:
             raise ValueError(
-                f"rollout.backend static supports full-attention models only, got layer types {sorted(layer_types)}"
+                f"rollout.backend static supports full-attention models only, got layer types {layer_types}"
             )
         self.model, self.pad_id = model, pad_id
         self.decoder, self.head = base.get_decoder(), base.get_output_embeddings()
@@ -111,13 +128,10 @@ class StaticKVBatch:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         # buckets: decode steps run at the bucketed (static) shapes; always with graphs
         self.buckets = self.graphs_on if buckets is None else (buckets or self.graphs_on)
-        self.k = self.v = None  # (layers, rows_cap, kv heads, slots_cap, head dim)
-        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (rows_cap, slots_cap) real slots
-        self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # (rows_cap,) real tokens
-        self.rows, self.slots = 0, 0  # rows in use; slots in use (the same for every row)
         self._graphs: dict[tuple[int, int], tuple] = {}
         self._pool = None
         self._adapters = _adapter_state(model)
+        self.release()  # empty buffers: the first reset allocates them
 
     # ------------------------------------------------------------------ buffers
     @property
@@ -147,10 +161,10 @@ class StaticKVBatch:
 
     def release(self) -> None:
         """Free the cache and the graphs (the next turn allocates and captures again)."""
-        self.k = self.v = None
-        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
-        self.length = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.rows = self.slots = 0
+        self.k = self.v = None  # (layers, rows_cap, kv heads, slots_cap, head dim)
+        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (rows_cap, slots_cap) real slots
+        self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # (rows_cap,) real tokens
+        self.rows = self.slots = 0  # rows in use; slots in use (the same for every row)
         self._graphs.clear()
         self._decode_inputs = None
 
@@ -168,8 +182,8 @@ class StaticKVBatch:
         """Keep `rows` (in this order) and squeeze out holes, as `KVBatch.select` does."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         mask, length = self.mask[idx, : self.slots], self.length[idx]
-        T = int(length.max()) if len(rows) else 0
-        order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T :]  # (B, T)
+        order = squeeze_order(mask, length)  # (B, T)
+        T = order.shape[1]
         n = len(rows)
         for buf in (self.k, self.v):
             sel = buf[:, idx, :, : self.slots]  # (layers, B, H, T_old, D) copy
