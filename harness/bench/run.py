@@ -214,8 +214,9 @@ def run_bench(
     out: dict = {"threads": torch.get_num_threads()}
     device = bench_device(cfg)
     out["device"] = device
-    policy = load_policy(cfg, cache_dir(), device)
-    policy.model.eval()
+    if "rollout" in parts or "memory" in parts:  # the others build their own models
+        policy = load_policy(cfg, cache_dir(), device)
+        policy.model.eval()
     if "rollout" in parts:
         out.update(bench_rollout(policy, cfg))
     if "memory" in parts:
