@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.harness-installed-$(shell $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(open('pyproject.toml','rb').read()).hexdigest()[:12])")
 PYTEST_ARGS ?= -m "not slow and not gpu" -q
 
-.PHONY: setup lint test test-all sweep docs results-doc clean-venv
+.PHONY: setup system-packages lint test test-all sweep docs results-doc clean-venv
 
 setup: $(STAMP)
 
@@ -19,14 +19,18 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.harness-installed-*
 	@touch $@
 
+# bubblewrap and libseccomp's bindings for the code sandbox (installed when missing, as root)
+system-packages:
+	@.ci/system-packages
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+test: lint system-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: lint
+test-all: lint system-packages
 	$(PY) -m pytest -q
 
 docs: setup

@@ -1,52 +1,39 @@
-"""Run untrusted Python in a kernel-isolated sandbox (the code tool of tool-integrated reasoning).
+"""Run untrusted Python in a sandbox that holds by construction (the code tool of tool-integrated
+reasoning; docs/algorithms.md#sandbox).
 
-Mechanisms, all the kernel's (no Python-level filtering of the code):
-- namespaces, through util-linux `unshare` (Debian's util-linux, present on every Debian image):
-  a new PID namespace (the code cannot see or signal any process of the host, and when its first
-  process dies the kernel kills every process left in it), a new network namespace (no interface
-  up: no socket reaches 127.0.0.1 or anything else), new mount, IPC and UTS namespaces;
-- in the new mount namespace, before the code runs: every mount remounted read-only, and fresh
-  private tmpfs on /tmp (the working directory /tmp/work lives there, size-capped), /var/tmp and
-  /dev/shm, so a call sees neither the host's temporary files nor another call's, and nothing it
-  writes survives it;
-- credentials: the code runs under its own unprivileged uid/gid (no supplementary groups), unique
-  per call, so it holds no capability and file permissions apply;
-- resource limits (setrlimit): address space, CPU seconds, file size, open files, no core dumps, and
-  RLIMIT_NPROC = 1 for that uid, so fork, threads and subprocesses fail (a fork bomb stops at once);
-- from the host: a wall-clock limit, after which the whole process group is killed (`unshare
-  --kill-child` takes the namespace down with it), and stdout/stderr capped while being read (the
-  process is killed past the cap, so a 100 MB print costs nothing).
+The program runs in a bubblewrap jail (envs/sandbox_jail.py): a root file system built from nothing
+but the interpreter's own files, read-only, and a private size-capped tmpfs for /tmp; new user, mount,
+pid, ipc, net, uts and cgroup namespaces; no capabilities, no_new_privs; a seccomp filter refusing
+namespaces, mounts, keyrings, tracing, memory RLIMIT_AS does not count, and every other process or
+thread. Its supervisor, the jail's pid 1, applies the rlimits (address space, CPU seconds, file size,
+open files) and reports how the program ended. From here: the code goes in through a memory file
+(never argv), a wall-clock limit kills the jail, and stdout/stderr are capped while being read (the
+jail is killed past 4x the cap, so a 100 MB print costs nothing).
 
-Left open, said plainly: the host filesystem stays *readable* (read-only) apart from the hidden
-temporary directories, so code can read world-readable files such as the installed packages; no
-seccomp filter, so the whole system-call surface of the kernel is reachable (as an unprivileged user
-in empty namespaces); `exec` of another program in place of the interpreter is allowed (it inherits
-every limit); CPU time is bounded per call, not shared fairly between calls. Needs root (or
-CAP_SYS_ADMIN) to create the namespaces and switch uid: `SandboxUnavailable` says so otherwise.
-
-`run_python(code, limits)` never raises for anything the code does; it returns what happened.
+When the harness runs as root, each call's jail runs under its own unprivileged uid (UID_BASE + a
+per-call number, never a real account); otherwise under the caller's uid, in a user namespace of its
+own either way. `run_python(code, limits)` never raises for anything the code is or does; it returns
+what happened. A host where the jail cannot start raises `SandboxUnavailable` from `check_available`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
+import re
 import selectors
-import shutil
 import signal
 import subprocess
-import sys
 import time
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
-UID_BASE = 200_000  # sandbox uids: UID_BASE + a per-call number, never a real account
+from envs.sandbox_jail import SYSTEM_PYTHON, SandboxUnavailable, jail_argv, seccomp_programs, supervisor_argv
+
+UID_BASE = 200_000  # sandbox uids when run as root: UID_BASE + a per-call number, never a real account
+UID_SPAN = 1 << 20
 _calls = itertools.count()
-
-
-class SandboxUnavailable(RuntimeError):
-    """The kernel mechanisms the sandbox relies on cannot be used here."""
 
 
 @dataclass(frozen=True)
@@ -55,125 +42,80 @@ class Limits:
     cpu_s: int = 5
     memory_mb: int = 512  # address space
     output_bytes: int = 16_384  # per stream, kept; the process is killed past 4x this
-    file_mb: int = 16  # largest file it may write, and the size of its /tmp
+    file_mb: int = 16  # largest file it may write, and the size of its /tmp (the program included)
     open_files: int = 64
+    code_bytes: int = 1 << 20  # a longer program is not run
 
 
 @dataclass
 class Result:
     stdout: str
     stderr: str
-    exit_code: int | None  # None when killed by the harness; 128 + N when killed by signal N
+    exit_code: int | None  # the program's exit status; None when it did not exit (signal, limit, refusal)
     timed_out: bool = False
     output_capped: bool = False
-    killed_by: str | None = None  # "wall", "output" or a signal name
+    # "wall", "output", a signal's name (the program was killed by it), "rejected" (not run: too long)
+    # or "sandbox" (the jail itself failed; stderr says why)
+    killed_by: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and not self.output_capped
 
     def observation(self, error_lines: int = 5, limit: int = 2_000) -> str:
-        """What the agent sees: stdout, or the error's last lines (ToRL truncates tracebacks the same way)."""
+        """What the agent sees: stdout, or the error's last lines (ToRL truncates tracebacks the same
+        way), escaped by `shown` so that it cannot close a fence or carry control characters."""
         if self.timed_out:
             return "Error: time limit exceeded"
-        if self.killed_by in ("SIGXCPU", "SIGKILL"):
-            return "Error: CPU time limit exceeded" if self.killed_by == "SIGXCPU" else "Error: killed (resource limit)"
+        if self.killed_by == "SIGXCPU":
+            return "Error: CPU time limit exceeded"
+        if self.killed_by in ("rejected", "sandbox"):
+            return ("Error: " + shown(self.stderr.strip()))[:limit]
+        if self.killed_by and self.killed_by.startswith("SIG"):
+            return f"Error: killed by {self.killed_by}"
         if self.output_capped:
-            return self.stdout[:limit] + "\n[output truncated]"
+            return shown(self.stdout)[:limit] + "\n[output truncated]"
         if self.exit_code != 0:
             tail = "\n".join(self.stderr.strip().splitlines()[-error_lines:])
-            return ("Error:\n" + tail)[:limit] if tail else f"Error: exit code {self.exit_code}"
-        return self.stdout[:limit]
+            return ("Error:\n" + shown(tail))[:limit] if tail else f"Error: exit code {self.exit_code}"
+        return shown(self.stdout)[:limit]
 
 
-# Runs as the namespace's first process, still root inside it: mounts, limits, credentials, exec.
-LAUNCHER = r"""
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-def mount(src, target, fstype, flags, data=None):
-    if libc.mount(src.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                  data.encode() if data else None) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"mount {target}: {os.strerror(e)}")
-mount("none", "/", None, MS_REC | MS_PRIVATE)
-mount("/", "/", None, MS_BIND | MS_REC)
-os.chdir("/")
-targets = []
-with open("/proc/self/mountinfo") as f:
-    for line in f:
-        targets.append(line.split()[4].replace("\\040", " "))
-for t in targets:
-    if t.startswith("/proc"):
-        continue
-    try:
-        mount("none", t, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    except OSError:
-        pass  # a mount the kernel will not remount (it stays as it was; /tmp and friends are replaced below)
-size = cfg["file_mb"]
-for t in ("/tmp", "/var/tmp", "/dev/shm"):
-    if os.path.isdir(t):
-        mount("tmpfs", t, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
-work = "/tmp/work"
-os.mkdir(work, 0o700)
-uid = cfg["uid"]
-os.chown(work, uid, uid)
-with open(os.path.join(work, "main.py"), "w") as f:
-    f.write(cfg["code"])
-os.chown(os.path.join(work, "main.py"), uid, uid)
-child = os.fork()
-if child == 0:
-    try:
-        for res, value in (
-            (resource.RLIMIT_AS, cfg["memory_mb"] << 20),
-            (resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1)),  # SIGXCPU first, SIGKILL a second later
-            (resource.RLIMIT_FSIZE, size << 20),
-            (resource.RLIMIT_NOFILE, cfg["open_files"]),
-            (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_NPROC, 1),
-        ):
-            resource.setrlimit(res, value if isinstance(value, tuple) else (value, value))
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-        os.chdir(work)
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        py = cfg["python"]
-        os.execve(py, [py, "-I", "main.py"], env)
-    except BaseException as e:
-        os.write(2, f"sandbox: {type(e).__name__}: {e}\n".encode())
-        os._exit(125)
-# PID 1 stays root and waits: the code cannot signal it, and its death takes the namespace down
-_, status = os.waitpid(child, 0)
-os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-"""
+_FENCE = re.compile(r"`{3,}")
+_HIDDEN = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # control, format, surrogate, private, unassigned, separators
 
 
-def _unshare() -> str:
-    path = shutil.which("unshare")
-    if path is None:
-        raise SandboxUnavailable("the sandbox needs util-linux's `unshare` (apt-get install util-linux)")
-    return path
+def _escape_char(c: str) -> str:
+    if c in "\n\t" or unicodedata.category(c) not in _HIDDEN:
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def shown(text: str) -> str:
+    """Program output as an observation may carry it: control and invisible characters written as
+    escapes (\\x1b, \\u202e), runs of three or more backticks as \\` each (they cannot close the
+    output fence), and `<|` as `<\\|` (no chat-template token can be spelled). Ordinary text is unchanged."""
+    if not text.isascii() or any(c < " " and c not in "\n\t" or c == "\x7f" for c in text):
+        text = "".join(map(_escape_char, text))
+    if "```" in text:
+        text = _FENCE.sub(lambda m: "\\`" * len(m.group()), text)
+    return text.replace("<|", "<\\|")
 
 
 def check_available() -> None:
-    """Raise SandboxUnavailable with the reason when namespaces or the uid switch are not possible."""
-    if os.geteuid() != 0:
-        raise SandboxUnavailable(
-            "the code sandbox creates namespaces and switches to an unprivileged uid, which needs root "
-            "(CAP_SYS_ADMIN, CAP_SETUID) in this container; run the harness as root or disable the tool env"
-        )
+    """Raise SandboxUnavailable with the reason when the jail cannot be built or does not run here."""
     probe = run_python("print(6 * 7)", Limits(wall_s=20))
     if probe.stdout.strip() != "42":
-        raise SandboxUnavailable(f"the sandbox does not start here: {probe.stderr.strip()[-300:] or probe}")
+        raise SandboxUnavailable(
+            f"the code sandbox does not start here: {probe.stderr.strip()[-400:] or probe}. It needs bubblewrap "
+            "to create user namespaces (root, or unprivileged user namespaces enabled)"
+        )
 
 
 def default_python() -> str:
-    """The interpreter the code runs under: the system's /usr/bin/python3 (readable by any uid; the
-    harness's own may sit in a private home), else this one."""
-    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
+    """The interpreter the code runs under: the system's /usr/bin/python3, whose files the jail binds."""
+    return SYSTEM_PYTHON
 
 
 @lru_cache(maxsize=1)
@@ -183,50 +125,83 @@ def require() -> None:
     check_available()
 
 
+def _memfile(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _credentials() -> dict:
+    """Run the jail as a fresh unprivileged uid when we are root (no two concurrent calls share one)."""
+    if os.geteuid() != 0:
+        return {}
+    uid = UID_BASE + (os.getpid() * 4096 + next(_calls)) % UID_SPAN
+    return {"user": uid, "group": uid, "extra_groups": []}
+
+
 def run_python(code: str, limits: Limits = Limits(), python: str | None = None) -> Result:
-    """Run `code` as a file in a fresh sandbox; return its (capped) output and how it ended."""
-    uid = UID_BASE + ((os.getpid() & 0x3FFFF) << 12 | next(_calls) & 0xFFF)
-    cfg = {
-        "code": code,
-        "uid": uid,
-        "python": python or default_python(),
-        "memory_mb": limits.memory_mb,
-        "cpu_s": limits.cpu_s,
-        "file_mb": limits.file_mb,
-        "open_files": limits.open_files,
-    }
-    argv = [
-        _unshare(),
-        "--fork",
-        "--kill-child=SIGKILL",
-        "--pid",
-        "--mount-proc",
-        "--net",
-        "--ipc",
-        "--uts",
-        "--mount",
-        sys.executable,
-        "-I",
-        "-c",
-        LAUNCHER,
-        json.dumps(cfg),
-    ]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    out, err, capped, timed_out = _collect(proc, limits)
-    code_ = proc.returncode
-    killed_by = "wall" if timed_out else "output" if capped else None
-    if killed_by is None and code_ is not None and 128 < code_ < 128 + 65:  # the launcher's 128 + signal
-        killed_by = signal.Signals(code_ - 128).name
-    return Result(
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
-        exit_code=None if (timed_out or capped) else code_,
-        timed_out=timed_out,
-        output_capped=capped,
-        killed_by=killed_by,
-    )
+    """Run `code` as /tmp/work/main.py in a fresh jail; return its (capped) output and how it ended."""
+    data = str(code).encode("utf-8", "surrogatepass")
+    if len(data) > limits.code_bytes:
+        return Result(
+            "", f"program too long ({len(data)} bytes; the limit is {limits.code_bytes})", None, killed_by="rejected"
+        )
+    python = python or default_python()
+    denied, no_processes = seccomp_programs()
+    fds = [_memfile("code", data), _memfile("seccomp", denied), _memfile("seccomp-program", no_processes)]
+    status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    fds.append(status_w)
+    try:
+        argv = jail_argv(python, limits.file_mb, fds[0], fds[1])
+        argv += ["--", *supervisor_argv(python, status_w, fds[2], limits)]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=fds,
+                **_credentials(),
+            )
+        except OSError as e:
+            return Result("", f"the jail did not start: {e}", None, killed_by="sandbox")
+        for fd in fds:
+            os.close(fd)
+        fds = []
+        out, err, capped, timed_out = _collect(proc, limits)
+        report = _read_status(status_r)
+    finally:
+        for fd in (*fds, status_r):
+            os.close(fd)
+    return _result(out, err, capped, timed_out, report)
+
+
+def _read_status(fd: int) -> tuple[str, str]:
+    """The supervisor's report: ("exit", "N"), ("signal", "N"), ("setup", message), or ("", "")."""
+    try:
+        kind, _, value = os.read(fd, 65_536).decode(errors="replace").partition(" ")
+    except BlockingIOError:
+        return "", ""
+    return kind, value
+
+
+def _result(out: bytes, err: bytes, capped: bool, timed_out: bool, report: tuple[str, str]) -> Result:
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    kind, value = report
+    if timed_out or capped:
+        return Result(stdout, stderr, None, timed_out, capped, "wall" if timed_out else "output")
+    if kind == "exit":
+        return Result(stdout, stderr, int(value))
+    if kind == "signal":
+        try:
+            name = signal.Signals(int(value)).name
+        except ValueError:
+            name = f"SIG{value}"
+        return Result(stdout, stderr, None, killed_by=name)
+    why = value if kind == "setup" else "the jail ended without a report"
+    return Result(stdout, (stderr + "\n" + why).strip(), None, killed_by="sandbox")
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -9,14 +9,18 @@ of one of four kinds and at one of three difficulty levels (`level`; larger numb
 - system: two linear equations with an integer solution; the answer is a function of (x, y).
 
 A turn is either a program or the answer. A program is a fenced block ```python ... ```: the
-harness runs it in the sandbox (envs/sandbox.py: namespaces, read-only file system, rlimits, no
-network) and shows its output as ```output ... ``` (an error shows its last lines, as ToRL
-truncates tracebacks). At most `max_calls` programs per episode (ToRL's C); a program past the cap
-is not run and the agent is told to answer. The answer is `\\boxed{N}`, compared exactly with
-the task's integer; it ends the episode. Text that is neither is a format error.
+harness runs it in the sandbox (envs/sandbox.py, docs/algorithms.md#sandbox) and shows its output as
+```output ... ``` (an error shows its last lines, as ToRL truncates tracebacks; the output is escaped,
+so it cannot close the fence, spell a chat-template token or carry control characters). At most
+`max_calls` programs per episode (ToRL's C); a program past the cap is not run and the agent is told
+to answer. The answer is `\\boxed{N}` written outside any code block (a `\\boxed` inside the program
+is part of the program), compared exactly with the task's integer; it ends the episode. Text that is
+neither, or a turn over MAX_ACTION_CHARS, is a format error.
 
-Score (dense rewards, the rule judge): 1 once the correct answer is boxed; 0.5 while the correct
-answer has appeared in an output of the agent's programs (the computation is done); else 0.
+Score (dense rewards, the rule judge): 1 once the correct answer is boxed; 0.5 while a program of the
+agent has *computed* the answer: it exited normally and the last integer of its output is the answer
+(the value the program ends on, as the expert's program prints it). Printing many candidates earns
+nothing more than printing one: only the last counts. Else 0.
 Expert: the program that computes the answer, then the boxed answer it printed.
 """
 
@@ -35,8 +39,11 @@ from envs.registry import ENVS
 from envs.sandbox import Limits, run_python
 from envs.sandbox import require as require_sandbox
 
-CODE = re.compile(r"```python\n(.*?)```", re.S)
+FENCE_OPEN, FENCE_CLOSE = "```python\n", "```"
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+INTEGER = re.compile(r"-?\d+")
+MAX_ACTION_CHARS = 65_536  # a turn is at most this long (a policy's turn is far shorter)
+MAX_ANSWER_DIGITS = 64  # a longer boxed number is a wrong answer, not parsed as an int
 KINDS = ("arithmetic", "modular", "counting", "system")
 
 
@@ -163,6 +170,37 @@ def code_block(program: str) -> str:
     return f"```python\n{program}```"
 
 
+def read_turn(text: str) -> tuple[str | None, str | None]:
+    """(program, answer) of one turn, in time linear in its length. The program is the body of the
+    first ```python block; the answer is the number of the first \\boxed{N} outside every code block,
+    with its sign and without leading zeros (a number over MAX_ANSWER_DIGITS digits is kept as written,
+    so it is a wrong answer rather than an int too long to parse)."""
+    program, outside, i = None, [], 0
+    while (start := text.find(FENCE_OPEN, i)) >= 0:
+        end = text.find(FENCE_CLOSE, start + len(FENCE_OPEN))
+        if end < 0:
+            break
+        outside.append(text[i:start])
+        if program is None:
+            program = text[start + len(FENCE_OPEN) : end]
+        i = end + len(FENCE_CLOSE)
+    outside.append(text[i:])
+    boxed = BOXED.search("\n".join(outside))
+    if boxed is None:
+        return program, None
+    number = boxed.group(1)
+    digits = number.lstrip("-")
+    if len(digits) > MAX_ANSWER_DIGITS:
+        return program, number
+    return program, str(int(number))
+
+
+def last_integer(output: str) -> str | None:
+    """The last integer written in a program's output (what it computed, by the score's rule)."""
+    numbers = INTEGER.findall(output)
+    return numbers[-1] if numbers else None
+
+
 @ENVS.register(
     "tir",
     doc="tool-integrated reasoning: generated math problems solved by writing Python run in a "
@@ -189,16 +227,15 @@ class ToolIntegratedReasoning(TurnEnv):
         self.problem = make_problem(seed, self.options)
         self.calls = 0
         self.feedback = ""
-        self.answered: int | None = None
-        self.computed = False  # the correct answer appeared in a program's output
+        self.answered: str | None = None  # the boxed number as written (sign and digits, no leading zeros)
+        self.computed = False  # a program ended on the correct answer
 
     def _apply(self, action: str) -> str:
-        boxed = BOXED.search(action)
-        if boxed:
-            self.answered = int(boxed.group(1))
+        program, answer = read_turn(action)
+        if answer is not None:
+            self.answered = answer
             self.feedback = ""
             return ""
-        program = CODE.search(action).group(1)
         if self.calls >= self.options.max_calls:
             self.feedback = f"Tool call limit ({self.options.max_calls}) reached: give the answer as \\boxed{{N}}."
             return ""
@@ -206,7 +243,7 @@ class ToolIntegratedReasoning(TurnEnv):
         o = self.options
         result = run_python(program, Limits(wall_s=o.wall_s, cpu_s=max(1, int(o.wall_s)), memory_mb=o.memory_mb))
         shown = result.observation(limit=o.output_chars).strip()
-        if result.ok and str(self.problem.answer) in result.stdout.split():
+        if result.ok and last_integer(result.stdout) == str(self.problem.answer):
             self.computed = True
         self.feedback = f"```output\n{shown}\n```"
         return ""
@@ -215,12 +252,12 @@ class ToolIntegratedReasoning(TurnEnv):
         return f"{self.problem.text}\n{self.feedback}" if self.feedback else self.problem.text
 
     def score(self) -> float:
-        if self.answered is not None and self.answered == self.problem.answer:
+        if self.won():
             return 1.0
         return 0.5 if self.computed else 0.0
 
     def won(self) -> bool:
-        return self.answered == self.problem.answer
+        return self.answered == str(self.problem.answer)
 
     def over(self) -> bool:
         return self.answered is not None
@@ -232,7 +269,9 @@ class ToolIntegratedReasoning(TurnEnv):
         return None
 
     def parse_action(self, text: str) -> ParsedAction:
-        if BOXED.search(text) or CODE.search(text):
+        if len(text) > MAX_ACTION_CHARS:
+            return ParsedAction(None, True, f"a turn is at most {MAX_ACTION_CHARS} characters")
+        if read_turn(text) != (None, None):
             return ParsedAction(text.strip(), False)
         return ParsedAction(None, True, "write a program in ```python ... ``` or the answer as \\boxed{N}")
 

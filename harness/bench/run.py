@@ -12,6 +12,7 @@ below are what we aim for.
   (hf and static backends) and the memory-bandwidth floor           target (GPU, 0.5B, B=256):
                                                                       static >= 10x generate and
                                                                       >= 20% of the floor
+- one call of the code sandbox vs the same interpreter run bare (per-call overhead, --only sandbox)
 - the update at a real model's shape: tokens/s and peak memory, with and without activation
   checkpointing                                                      target (GPU, 0.5B, 8 x 2048):
                                                                       peak <= 16 GiB
@@ -233,6 +234,10 @@ def run_bench(
             "trl_max_completion_tokens": trl_tokens,
             "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size,
         }
+    if "sandbox" in parts:
+        from harness.bench.sandbox import bench_sandbox
+
+        out["sandbox"] = bench_sandbox()
     if "concurrent" in parts:
         out["concurrent_vs_synchronous"] = bench_concurrent(cfg, steps)
     if "engines" in parts or "update" in parts:

@@ -11,7 +11,7 @@ from harness.bench.run import run_bench
 from harness.config.errors import ConfigError
 from harness.experiments.loading import load_run_config
 
-PARTS = ("rollout", "memory", "trl", "engines", "update")  # the default set
+PARTS = ("rollout", "memory", "trl", "engines", "update", "sandbox")  # the default set
 ALL_PARTS = (*PARTS, "concurrent")
 SHAPES = ("0.5b", "1.5b", "small")
 
@@ -25,7 +25,7 @@ def bench_command(
     only: list[str] = typer.Option(
         [],
         "--only",
-        help="rollout, memory, trl, engines, update and/or concurrent (default: all but concurrent).",
+        help="rollout, memory, trl, engines, update, sandbox and/or concurrent (default: all but concurrent).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
     shape: str | None = typer.Option(
@@ -40,7 +40,8 @@ def bench_command(
     memory: chunked vs naive log-prob peak memory; trl: one update vs a TRL GRPOTrainer step;
     concurrent: the training loop with a concurrent rollout process vs the synchronous loop;
     engines: HF generate vs our sampler (hf, static) vs the bandwidth floor at a real model's shape;
-    update: tokens/s and peak memory of a LoRA update at that shape, with and without checkpointing."""
+    update: tokens/s and peak memory of a LoRA update at that shape, with and without checkpointing;
+    sandbox: seconds per call of the code sandbox vs the same interpreter run bare."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]

@@ -1,0 +1,260 @@
+"""What the code sandbox is built from (docs/algorithms.md#sandbox): the minimal root, the seccomp
+programs and the supervisor that runs inside. `envs/sandbox.py` runs a program in it.
+
+The jail is bubblewrap (Debian package `bubblewrap`, the tool Flatpak is built on), started as an
+unprivileged user, so every namespace it makes belongs to a fresh user namespace:
+- a root file system made from nothing: an empty tmpfs, remounted read-only once built, holding
+  read-only binds of exactly the files the interpreter needs (the `python3` binary, its standard
+  library, the shared libraries that they and the standard library's extension modules link), five
+  device nodes (null, zero, full, random, urandom) and a private tmpfs of `file_mb` on /tmp. No /proc,
+  /sys, /etc, /home, no checkout, no venv, no host /tmp: no path there leads to the host;
+- new user, mount, pid, ipc, net, uts and cgroup namespaces; no capabilities; no_new_privs; further
+  user namespaces disabled;
+- two seccomp filters compiled by libseccomp (Debian `python3-seccomp`): DENIED for the supervisor
+  and the program, NO_PROCESSES added for the program alone (its supervisor must fork it once).
+
+The supervisor is the namespace's first process (pid 1): the kernel delivers no signal from inside
+the namespace to a pid 1 that has no handler for it, it is not dumpable and there is no /proc, so the
+program cannot stop it, trace it or read its descriptors. It forks the program, applies its limits and
+filter, execs `python3 -I main.py`, and reports how it ended (exit code or signal) on a pipe only it
+holds, which is how a `sys.exit(137)` is told apart from a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the interpreter the code runs under, and libseccomp's bindings
+SANDBOX_UID = 1000  # the program's uid and gid inside its user namespace
+WORK = "/tmp/work"
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+# Denied for everything in the jail (EPERM unless noted). Namespaces and mounts: the filesystem and
+# namespace isolation is not undone from inside. Keyrings: the kernel's keyrings are per user, not per
+# namespace. ptrace and friends: no reading or writing another process. Memory that RLIMIT_AS does not
+# count: SysV shared memory, message queues and semaphores, POSIX message queues, memfd. The rest is
+# kernel surface no program here needs (io_uring, bpf, perf, userfaultfd, modules, clocks, swap ...).
+DENIED = (
+    *("unshare", "setns", "mount", "umount2", "pivot_root", "chroot"),
+    *("open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr"),
+    *("keyctl", "add_key", "request_key"),
+    *("ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "process_mrelease"),
+    *("pidfd_open", "pidfd_getfd", "pidfd_send_signal", "kcmp"),
+    *("memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt"),
+    *("msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl"),
+    *("mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+    *("io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "userfaultfd"),
+    *("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot"),
+    *("swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "lookup_dcookie"),
+    *("settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname"),
+    *("iopl", "ioperm", "modify_ldt", "name_to_handle_at", "open_by_handle_at", "fanotify_init"),
+    *("personality", "uselib", "nfsservctl"),
+)
+CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
+AF_UNIX = 1
+F_SETPIPE_SZ = 1031  # a pipe grown to 1 MiB is kernel memory outside RLIMIT_AS
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+# Numbers above every system call libseccomp 2.5 knows are refused with ENOSYS ("not implemented"), so a
+# call a newer kernel added (statmount, listmount, open_tree_attr, ...) is closed until it is reviewed.
+UNKNOWN_SYSCALLS = (457, 512)
+NO_PROCESSES = ("fork", "vfork", "clone")  # EPERM; clone3 gets ENOSYS so libc falls back to clone
+
+_COMPILE = r"""
+import errno, json, os, sys
+import seccomp
+spec = json.loads(sys.argv[1])
+f = seccomp.SyscallFilter(seccomp.ALLOW)
+f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)  # i386 or x32 numbers: killed, not filtered
+f.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
+eperm = seccomp.ERRNO(errno.EPERM)
+for name in spec["deny"]:
+    f.add_rule(eperm, name)
+for number in range(*spec["unknown"]) if spec["unknown"] else ():
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), number)
+for name, arg, op, *values in spec["args"]:
+    f.add_rule(eperm, name, seccomp.Arg(arg, getattr(seccomp, op), *values))
+for name in spec["enosys"]:
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), name)
+f.export_bpf(os.fdopen(sys.stdout.fileno(), "wb", closefd=False))
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The jail cannot be built on this host (a missing package, or namespaces refused)."""
+
+
+def _compile(spec: dict) -> bytes:
+    try:
+        proc = subprocess.run(
+            [SYSTEM_PYTHON, "-I", "-c", _COMPILE, json.dumps(spec)], capture_output=True, timeout=60, check=False
+        )
+    except OSError as e:
+        raise SandboxUnavailable(f"cannot run {SYSTEM_PYTHON} to compile the seccomp filter: {e}") from None
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        raise SandboxUnavailable(
+            "the code sandbox compiles its seccomp filter with libseccomp's Python bindings for "
+            f"{SYSTEM_PYTHON} (Debian: apt-get install python3-seccomp): {' '.join(tail)}"
+        )
+    return proc.stdout
+
+
+@lru_cache(maxsize=1)
+def seccomp_programs() -> tuple[bytes, bytes]:
+    """(DENIED for the whole jail, NO_PROCESSES for the program) as BPF, compiled once per process."""
+    names = [(n, 0, "MASKED_EQ", flag, flag) for n in ("clone",) for flag in CLONE_NAMESPACES]
+    args = [
+        *names,
+        ("socket", 0, "NE", AF_UNIX),  # no network, netlink or packet sockets; a socketpair is fine
+        ("fcntl", 1, "EQ", F_SETPIPE_SZ),
+        ("ioctl", 1, "EQ", TIOCSTI),
+        ("ioctl", 1, "EQ", TIOCLINUX),
+    ]
+    denied = _compile({"deny": list(DENIED), "unknown": list(UNKNOWN_SYSCALLS), "args": args, "enosys": ["clone3"]})
+    no_processes = _compile({"deny": list(NO_PROCESSES), "unknown": [], "args": [], "enosys": ["clone3"]})
+    return denied, no_processes
+
+
+def _elf_deps(paths: list[str]) -> set[str]:
+    """Absolute paths of the shared libraries `paths` load (ldd, glibc's own resolver)."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise SandboxUnavailable("the code sandbox needs ldd (Debian's libc-bin) to find the interpreter's libraries")
+    out = subprocess.run([ldd, *paths], capture_output=True, text=True, check=False).stdout
+    deps = set()
+    for line in out.splitlines():
+        parts = line.split()
+        for p in parts:
+            if p.startswith("/") and os.path.exists(p):
+                deps.add(p)
+    return deps - set(paths)
+
+
+def _stdlib(python: str) -> str:
+    out = subprocess.run(
+        [python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_path('stdlib'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    path = out.stdout.strip()
+    if out.returncode != 0 or not os.path.isdir(path):
+        raise SandboxUnavailable(f"{python} does not report its standard library: {out.stderr.strip()[-200:]}")
+    return path
+
+
+@lru_cache(maxsize=4)
+def root_binds(python: str) -> tuple[tuple[str, str], ...]:
+    """(host source, path in the jail) of every read-only bind of the minimal root. Each library is
+    bound at its own directory's real path under its link name; the top-level links a merged-/usr
+    system has (/lib -> usr/lib) are made by `root_links`."""
+    if not os.access(python, os.X_OK):
+        raise SandboxUnavailable(
+            f"the code sandbox runs programs with {python}, which is not here (apt-get install python3)"
+        )
+    stdlib = _stdlib(python)
+    dynload = os.path.join(stdlib, "lib-dynload")
+    modules = sorted(os.path.join(dynload, f) for f in os.listdir(dynload) if f.endswith(".so"))
+    binds = {os.path.realpath(python): python, stdlib: stdlib}
+    for lib in _elf_deps([os.path.realpath(python), *modules]):
+        binds[os.path.realpath(lib)] = os.path.join(os.path.realpath(os.path.dirname(lib)), os.path.basename(lib))
+    return tuple(sorted(binds.items(), key=lambda kv: kv[1]))
+
+
+def root_links() -> tuple[tuple[str, str], ...]:
+    """(target, link) for the host's top-level directory links (/lib -> usr/lib on merged /usr)."""
+    links = []
+    for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+        path = "/" + name
+        if os.path.islink(path):
+            links.append((os.readlink(path), path))
+    return tuple(links)
+
+
+def bwrap() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable("the code sandbox needs bubblewrap (Debian: apt-get install bubblewrap)")
+    return path
+
+
+def jail_argv(python: str, file_mb: int, code_fd: int, seccomp_fd: int) -> list[str]:
+    """The bubblewrap command line up to (not including) the supervisor."""
+    argv = [bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+    argv += ["--as-pid-1", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    argv += ["--hostname", "sandbox", "--clearenv"]
+    for src, dest in root_binds(python):
+        argv += ["--ro-bind", src, dest]
+    for target, link in root_links():
+        argv += ["--symlink", target, link]
+    for dev in DEVICES:
+        argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+    argv += ["--size", str(file_mb << 20), "--perms", "1777", "--tmpfs", "/tmp", "--perms", "0700", "--dir", WORK]
+    argv += ["--perms", "0600", "--file", str(code_fd), f"{WORK}/main.py", "--remount-ro", "/"]
+    argv += ["--seccomp", str(seccomp_fd), "--chdir", WORK]
+    return argv
+
+
+# The jail's pid 1. argv: status_fd filter_fd memory_mb cpu_s file_mb open_files python work (it imports
+# little: every module is start-up time of every call). It writes on `status_fd` "exit N", "signal N" or
+# "setup <message>", and nothing if it is itself killed.
+SUPERVISOR = r"""
+import ctypes, os, resource, sys, _signal
+status, filter_fd, memory_mb, cpu_s, file_mb, open_files = map(int, sys.argv[1:7])
+python, work = sys.argv[7:9]
+_signal.signal(2, _signal.SIG_DFL)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0, 0, 0, 0)
+program = b""
+while chunk := os.read(filter_fd, 65536):
+    program += chunk
+os.close(filter_fd)
+r, w = os.pipe2(os.O_CLOEXEC)
+pid = os.fork()
+if pid == 0:
+    try:
+        os.close(r)
+        os.close(status)
+        for res, soft, hard in (
+            (resource.RLIMIT_AS, memory_mb << 20, memory_mb << 20),
+            (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),
+            (resource.RLIMIT_FSIZE, file_mb << 20, file_mb << 20),
+            (resource.RLIMIT_NOFILE, open_files, open_files),
+            (resource.RLIMIT_CORE, 0, 0),
+            (resource.RLIMIT_MSGQUEUE, 0, 0),
+            (resource.RLIMIT_MEMLOCK, 0, 0),
+        ):
+            resource.setrlimit(res, (soft, hard))
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+        prog = Prog(len(program) // 8, program)
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp filter not applied")
+        os.closerange(3, w)
+        os.closerange(w + 1, 1 << 16)
+        env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        os.execve(python, [python, "-I", "main.py"], env)
+    except BaseException as e:
+        os.write(w, f"{type(e).__name__}: {e}".encode()[:2000])
+        os._exit(125)
+os.close(w)
+failed = os.read(r, 4096)
+_, st = os.waitpid(pid, 0)
+if failed:
+    report = b"setup " + failed
+elif os.WIFSIGNALED(st):
+    report = b"signal %d" % os.WTERMSIG(st)
+else:
+    report = b"exit %d" % os.WEXITSTATUS(st)
+os.write(status, report)
+"""
+
+
+def supervisor_argv(python: str, status_fd: int, filter_fd: int, limits) -> list[str]:
+    numbers = (status_fd, filter_fd, limits.memory_mb, limits.cpu_s, limits.file_mb, limits.open_files)
+    return [python, "-I", "-S", "-c", SUPERVISOR, *map(str, numbers), python, WORK]
