@@ -228,6 +228,21 @@ def test_capabilities_and_privileges_are_gone():
     assert r.ok and r.stdout == "1000 1000 []\nFalse False False\n"
 
 
+def test_foreign_system_call_abis_kill_the_program():
+    """A filter written for x86_64 numbers would not see i386 (`int 0x80`) or x32 numbers: they kill."""
+    i386 = (
+        "import ctypes, mmap\n"
+        "buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "buf.write(bytes.fromhex('b814000000cd80c3'))\n"  # mov eax, 20 (i386 getpid); int 0x80; ret
+        "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))\n"
+        "print('ran', f())\n"
+    )
+    x32 = SYSCALL + "print('ran', *sc(0x40000000 | 272, 0x10000000))\n"  # x32 unshare(CLONE_NEWUSER)
+    for code in (i386, x32):
+        r = run_python(code, FAST)
+        assert r.killed_by == "SIGSYS" and "ran" not in r.stdout, r
+
+
 # ----------------------------------------------------------------------------- 3. keyrings
 KEY_SPEC_SESSION, KEY_SPEC_USER = -3, -4
 
