@@ -18,22 +18,23 @@ what happened. A host where the jail cannot start raises `SandboxUnavailable` fr
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
+import secrets
 import selectors
 import signal
 import subprocess
 import time
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
+from envs.sandbox_cgroup import OVERHEAD_MB, JailCgroup
+from envs.sandbox_cgroup import available as memory_cgroup
 from envs.sandbox_jail import SYSTEM_PYTHON, SandboxUnavailable, jail_argv, seccomp_programs, supervisor_argv
 
-UID_BASE = 200_000  # sandbox uids when run as root: UID_BASE + a per-call number, never a real account
-UID_SPAN = 1 << 20
-_calls = itertools.count()
+UID_BASE = 200_000  # sandbox uids when run as root: UID_BASE + a random number, never a real account
+UID_SPAN = 1 << 30  # drawn at random per call, so two concurrent calls practically never share one
+JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'  # the jail's first process enters its cgroup, then execs bwrap
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Limits:
     wall_s: float = 5.0
     cpu_s: int = 5
     memory_mb: int = 512  # address space
-    output_bytes: int = 16_384  # per stream, kept; the process is killed past 4x this
+    output_bytes: int = 16_384  # per stream, kept (more is "capped"); the jail is killed past 4x this
     file_mb: int = 16  # largest file it may write, and the size of its /tmp (the program included)
     open_files: int = 64
     code_bytes: int = 1 << 20  # a longer program is not run
@@ -53,9 +54,10 @@ class Result:
     stderr: str
     exit_code: int | None  # the program's exit status; None when it did not exit (signal, limit, refusal)
     timed_out: bool = False
-    output_capped: bool = False
-    # "wall", "output", a signal's name (the program was killed by it), "rejected" (not run: too long)
-    # or "sandbox" (the jail itself failed; stderr says why)
+    output_capped: bool = False  # a stream wrote more than output_bytes: what is kept is a prefix
+    # "wall", "output" (past 4x output_bytes), "memory" (the cgroup's limit), a signal's name (the
+    # program was killed by it), "rejected" (not run: not text, or too long) or "sandbox" (the jail
+    # itself failed; stderr says why)
     killed_by: str | None = None
 
     @property
@@ -69,11 +71,13 @@ class Result:
             return "Error: time limit exceeded"
         if self.killed_by == "SIGXCPU":
             return "Error: CPU time limit exceeded"
+        if self.killed_by == "memory":
+            return "Error: memory limit exceeded"
         if self.killed_by in ("rejected", "sandbox"):
             return ("Error: " + shown(self.stderr.strip()))[:limit]
         if self.killed_by and self.killed_by.startswith("SIG"):
             return f"Error: killed by {self.killed_by}"
-        if self.output_capped:
+        if self.killed_by == "output" or self.output_capped and self.exit_code == 0:
             return shown(self.stdout)[:limit] + "\n[output truncated]"
         if self.exit_code != 0:
             tail = "\n".join(self.stderr.strip().splitlines()[-error_lines:])
@@ -82,25 +86,33 @@ class Result:
 
 
 _FENCE = re.compile(r"`{3,}")
-_HIDDEN = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # control, format, surrogate, private, unassigned, separators
+# tags chat templates give a meaning (Qwen's tool calls, reasoning blocks); a tokenizer may hold them
+# as single added tokens that are not special, so splitting special tokens does not keep them text
+_TEMPLATE_TAG = re.compile(r"<(/?(?:tool_call|tool_response|tools|think)>)")
 
 
 def _escape_char(c: str) -> str:
-    if c in "\n\t" or unicodedata.category(c) not in _HIDDEN:
+    if " " <= c <= "~" or c in "\n\t":
         return c
     n = ord(c)
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def shown(text: str) -> str:
-    """Program output as an observation may carry it: control and invisible characters written as
-    escapes (\\x1b, \\u202e), runs of three or more backticks as \\` each (they cannot close the
-    output fence), and `<|` as `<\\|` (no chat-template token can be spelled). Ordinary text is unchanged."""
+    """Program output as an observation carries it: printable ASCII only, every other character
+    written as its Python escape (\\x1b, \\u202e, \\U000e0100: nothing invisible, no control or
+    bidirectional character, no variation selector or filler); runs of three or more backticks as \\`
+    each (they cannot close the output fence); `<|` as `<\\|` and a template tag such as `<tool_call>` as
+    `<\\tool_call>`. Ordinary ASCII output is unchanged.
+    That no observation text becomes a chat-template token is the chat format's guarantee
+    (harness.transcript.chat); this is what a reader of the transcript sees."""
     if not text.isascii() or any(c < " " and c not in "\n\t" or c == "\x7f" for c in text):
         text = "".join(map(_escape_char, text))
     if "```" in text:
         text = _FENCE.sub(lambda m: "\\`" * len(m.group()), text)
-    return text.replace("<|", "<\\|")
+    if "<" in text:
+        text = _TEMPLATE_TAG.sub(r"<\\\1", text.replace("<|", "<\\|"))
+    return text
 
 
 def check_available() -> None:
@@ -125,6 +137,12 @@ def require() -> None:
     check_available()
 
 
+def memory_bound() -> str:
+    """How the call's memory is bounded here: with a memory cgroup, or why not (docs/algorithms.md#sandbox)."""
+    root, why = memory_cgroup()
+    return "memory cgroup per call" if root else f"RLIMIT_AS only: {why}"
+
+
 def _memfile(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     os.write(fd, data)
@@ -132,29 +150,34 @@ def _memfile(name: str, data: bytes) -> int:
     return fd
 
 
-def _credentials() -> dict:
-    """Run the jail as a fresh unprivileged uid when we are root (no two concurrent calls share one)."""
-    if os.geteuid() != 0:
-        return {}
-    uid = UID_BASE + (os.getpid() * 4096 + next(_calls)) % UID_SPAN
-    return {"user": uid, "group": uid, "extra_groups": []}
+def _uid() -> int | None:
+    """A fresh unprivileged uid for the jail when we are root (None: run it as ourselves)."""
+    return UID_BASE + secrets.randbelow(UID_SPAN) if os.geteuid() == 0 else None
 
 
 def run_python(code: str, limits: Limits = Limits(), python: str | None = None) -> Result:
     """Run `code` as /tmp/work/main.py in a fresh jail; return its (capped) output and how it ended."""
-    data = str(code).encode("utf-8", "surrogatepass")
+    if not isinstance(code, str):
+        return Result("", f"the program must be text (str), not {type(code).__name__}", None, killed_by="rejected")
+    data = code.encode("utf-8", "surrogatepass")
     if len(data) > limits.code_bytes:
         return Result(
             "", f"program too long ({len(data)} bytes; the limit is {limits.code_bytes})", None, killed_by="rejected"
         )
     python = python or default_python()
     denied, no_processes = seccomp_programs()
+    uid = _uid()
+    root, _ = memory_cgroup()
+    cgroup = JailCgroup(root, limits.memory_mb + limits.file_mb + OVERHEAD_MB, uid) if root else None
     fds = [_memfile("code", data), _memfile("seccomp", denied), _memfile("seccomp-program", no_processes)]
     status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     fds.append(status_w)
     try:
         argv = jail_argv(python, limits.file_mb, fds[0], fds[1])
         argv += ["--", *supervisor_argv(python, status_w, fds[2], limits)]
+        if cgroup is not None:
+            argv = ["/bin/sh", "-c", JOIN_CGROUP, str(cgroup.procs), *argv]
+        credentials = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
         try:
             proc = subprocess.Popen(
                 argv,
@@ -163,19 +186,22 @@ def run_python(code: str, limits: Limits = Limits(), python: str | None = None) 
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=fds,
-                **_credentials(),
+                **credentials,
             )
         except OSError as e:
             return Result("", f"the jail did not start: {e}", None, killed_by="sandbox")
         for fd in fds:
             os.close(fd)
         fds = []
-        out, err, capped, timed_out = _collect(proc, limits)
+        streams = _collect(proc, limits)
         report = _read_status(status_r)
+        oom = cgroup is not None and cgroup.oom_killed()
     finally:
         for fd in (*fds, status_r):
             os.close(fd)
-    return _result(out, err, capped, timed_out, report)
+        if cgroup is not None:
+            cgroup.remove()
+    return _result(*streams, report, oom)
 
 
 def _read_status(fd: int) -> tuple[str, str]:
@@ -187,21 +213,24 @@ def _read_status(fd: int) -> tuple[str, str]:
     return kind, value
 
 
-def _result(out: bytes, err: bytes, capped: bool, timed_out: bool, report: tuple[str, str]) -> Result:
+def _result(
+    out: bytes, err: bytes, truncated: bool, flooded: bool, timed_out: bool, report: tuple[str, str], oom: bool
+) -> Result:
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     kind, value = report
-    if timed_out or capped:
-        return Result(stdout, stderr, None, timed_out, capped, "wall" if timed_out else "output")
+    killed_by = "wall" if timed_out else "output" if flooded else "memory" if oom else None
+    if killed_by is not None:
+        return Result(stdout, stderr, None, timed_out, truncated, killed_by)
     if kind == "exit":
-        return Result(stdout, stderr, int(value))
+        return Result(stdout, stderr, int(value), output_capped=truncated)
     if kind == "signal":
         try:
             name = signal.Signals(int(value)).name
         except ValueError:
             name = f"SIG{value}"
-        return Result(stdout, stderr, None, killed_by=name)
+        return Result(stdout, stderr, None, output_capped=truncated, killed_by=name)
     why = value if kind == "setup" else "the jail ended without a report"
-    return Result(stdout, (stderr + "\n" + why).strip(), None, killed_by="sandbox")
+    return Result(stdout, (stderr + "\n" + why).strip(), None, output_capped=truncated, killed_by="sandbox")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -211,9 +240,10 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
-def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool, bool]:
+def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool, bool, bool]:
     """Read both streams until the process ends, keeping `output_bytes` of each; kill it past the wall
-    limit or past 4x the cap. Returns (stdout, stderr, capped, timed_out)."""
+    limit or past 4x the cap. Returns (stdout, stderr, truncated, flooded, timed_out): truncated when a
+    stream wrote more than it kept, flooded when that made us kill it."""
     keep = limits.output_bytes
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     seen = {proc.stdout: 0, proc.stderr: 0}
@@ -221,7 +251,7 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool
     for f in bufs:
         sel.register(f, selectors.EVENT_READ)
     deadline = time.monotonic() + limits.wall_s
-    capped = timed_out = False
+    flooded = timed_out = False
     open_streams = 2
     while open_streams:
         left = deadline - time.monotonic()
@@ -240,8 +270,8 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool
             if len(buf) < keep:
                 buf += chunk[: keep - len(buf)]
             if seen[key.fileobj] > 4 * keep:
-                capped = True
-        if capped:
+                flooded = True
+        if flooded:
             _kill(proc)
             break
     sel.close()
@@ -252,4 +282,5 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool
         proc.wait()
     for f in bufs:
         f.close()
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), capped, timed_out
+    truncated = any(n > keep for n in seen.values())
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), truncated, flooded, timed_out

@@ -36,8 +36,12 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 # Denied for everything in the jail (EPERM unless noted). Namespaces and mounts: the filesystem and
 # namespace isolation is not undone from inside. Keyrings: the kernel's keyrings are per user, not per
 # namespace. ptrace and friends: no reading or writing another process. Memory that RLIMIT_AS does not
-# count: SysV shared memory, message queues and semaphores, POSIX message queues, memfd. The rest is
-# kernel surface no program here needs (io_uring, bpf, perf, userfaultfd, modules, clocks, swap ...).
+# count: SysV shared memory, message queues and semaphores, POSIX message queues, memfd, Linux AIO
+# contexts (a system-wide count), pages pinned into pipes (vmsplice, splice, tee). State shared with
+# the host through the bound files: timestamps (utime*), extended attributes, file locks (flock and the
+# fcntl lock commands below), inotify watches, and the page cache's residency (fadvise, readahead,
+# mincore, cachestat, preadv2/pwritev2 with RWF_NOWAIT). The rest is kernel surface no program here
+# needs (io_uring, bpf, perf, userfaultfd, modules, clocks, swap ...).
 DENIED = (
     *("unshare", "setns", "mount", "umount2", "pivot_root", "chroot"),
     *("open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr"),
@@ -47,17 +51,31 @@ DENIED = (
     *("memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt"),
     *("msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl"),
     *("mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+    *("io_setup", "io_submit", "io_getevents", "io_pgetevents", "io_destroy", "io_cancel"),
+    *("vmsplice", "splice", "tee"),
+    *("utime", "utimes", "utimensat", "futimesat"),
+    *("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr"),
+    *("flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark"),
+    *("fadvise64", "readahead", "mincore", "cachestat", "preadv2", "pwritev2"),
     *("io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "userfaultfd"),
     *("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot"),
     *("swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "lookup_dcookie"),
     *("settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname"),
-    *("iopl", "ioperm", "modify_ldt", "name_to_handle_at", "open_by_handle_at", "fanotify_init"),
+    *("iopl", "ioperm", "modify_ldt", "name_to_handle_at", "open_by_handle_at"),
     *("personality", "uselib", "nfsservctl"),
 )
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
-AF_UNIX = 1
-F_SETPIPE_SZ = 1031  # a pipe grown to 1 MiB is kernel memory outside RLIMIT_AS
-TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+AF_UNIX, SOL_SOCKET = 1, 1
+# fcntl: growing a pipe (kernel memory outside RLIMIT_AS) and every lock command (locks on the bound
+# files are shared with the host and other jails)
+FCNTL_DENIED = {"F_SETPIPE_SZ": 1031, "F_GETLK": 5, "F_SETLK": 6, "F_SETLKW": 7}
+FCNTL_DENIED |= {"F_OFD_GETLK": 36, "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38}
+IOCTL_DENIED = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+# madvise: huge pages (a huge page pinned by one byte) and reclaim hints that evict shared page cache
+MADVISE_DENIED = {"MADV_HUGEPAGE": 14, "MADV_COLD": 20, "MADV_PAGEOUT": 21, "MADV_COLLAPSE": 25}
+# setsockopt(SOL_SOCKET, ...): socket buffers beyond the default size
+SOCKOPT_DENIED = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}
+LOW32 = 0xFFFFFFFF  # the kernel reads int arguments as 32 bits: compare those, not all 64
 # Numbers above every system call libseccomp 2.5 knows are refused with ENOSYS ("not implemented"), so a
 # call a newer kernel added (statmount, listmount, open_tree_attr, ...) is closed until it is reviewed.
 UNKNOWN_SYSCALLS = (457, 512)
@@ -75,8 +93,8 @@ for name in spec["deny"]:
     f.add_rule(eperm, name)
 for number in range(*spec["unknown"]) if spec["unknown"] else ():
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), number)
-for name, arg, op, *values in spec["args"]:
-    f.add_rule(eperm, name, seccomp.Arg(arg, getattr(seccomp, op), *values))
+for name, *conditions in spec["args"]:
+    f.add_rule(eperm, name, *(seccomp.Arg(arg, getattr(seccomp, op), *values) for arg, op, *values in conditions))
 for name in spec["enosys"]:
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), name)
 f.export_bpf(os.fdopen(sys.stdout.fileno(), "wb", closefd=False))
@@ -106,14 +124,16 @@ def _compile(spec: dict) -> bytes:
 @lru_cache(maxsize=1)
 def seccomp_programs() -> tuple[bytes, bytes]:
     """(DENIED for the whole jail, NO_PROCESSES for the program) as BPF, compiled once per process."""
-    names = [(n, 0, "MASKED_EQ", flag, flag) for n in ("clone",) for flag in CLONE_NAMESPACES]
-    args = [
-        *names,
-        ("socket", 0, "NE", AF_UNIX),  # no network, netlink or packet sockets; a socketpair is fine
-        ("fcntl", 1, "EQ", F_SETPIPE_SZ),
-        ("ioctl", 1, "EQ", TIOCSTI),
-        ("ioctl", 1, "EQ", TIOCLINUX),
+    args = [("clone", (0, "MASKED_EQ", flag, flag)) for flag in CLONE_NAMESPACES]
+    args.append(("socket", (0, "NE", AF_UNIX)))  # no network, netlink or packet sockets; unix ones are fine
+    args += [("fcntl", (1, "MASKED_EQ", LOW32, cmd)) for cmd in FCNTL_DENIED.values()]
+    args += [("ioctl", (1, "MASKED_EQ", LOW32, cmd)) for cmd in IOCTL_DENIED.values()]
+    args += [("madvise", (2, "MASKED_EQ", LOW32, advice)) for advice in MADVISE_DENIED.values()]
+    args += [
+        ("setsockopt", (1, "MASKED_EQ", LOW32, SOL_SOCKET), (2, "MASKED_EQ", LOW32, opt))
+        for opt in SOCKOPT_DENIED.values()
     ]
+    args.append(("prlimit64", (0, "NE", 0)))  # its own limits only: not pid 1's
     denied = _compile({"deny": list(DENIED), "unknown": list(UNKNOWN_SYSCALLS), "args": args, "enosys": ["clone3"]})
     no_processes = _compile({"deny": list(NO_PROCESSES), "unknown": [], "args": [], "enosys": ["clone3"]})
     return denied, no_processes

@@ -13,14 +13,18 @@ harness runs it in the sandbox (envs/sandbox.py, docs/algorithms.md#sandbox) and
 ```output ... ``` (an error shows its last lines, as ToRL truncates tracebacks; the output is escaped,
 so it cannot close the fence, spell a chat-template token or carry control characters). At most
 `max_calls` programs per episode (ToRL's C); a program past the cap is not run and the agent is told
-to answer. The answer is `\\boxed{N}` written outside any code block (a `\\boxed` inside the program
-is part of the program), compared exactly with the task's integer; it ends the episode. Text that is
-neither, or a turn over MAX_ACTION_CHARS, is a format error.
+to answer. A code block closes at a line that starts with ``` (as in Markdown; backticks inside the
+program do not close it). The answer is `\\boxed{N}` written outside every code block (a `\\boxed`
+inside the program, or after an unclosed fence, is part of the program), compared exactly with the
+task's integer; it ends the episode. Text that is neither, or a turn over MAX_ACTION_CHARS, is a
+format error.
 
-Score (dense rewards, the rule judge): 1 once the correct answer is boxed; 0.5 while a program of the
-agent has *computed* the answer: it exited normally and the last integer of its output is the answer
-(the value the program ends on, as the expert's program prints it). Printing many candidates earns
-nothing more than printing one: only the last counts. Else 0.
+Score (dense rewards, the rule judge): 1 once the correct answer is boxed; 0.5 while the agent's
+programs have *computed* the answer: each program that exited normally with complete output claims
+the last integer of its output (the value it ends on, as the expert's program prints only the
+answer), and the claims so far are all the answer. Printing many candidates in one program claims
+only the last; claiming different values in different programs (guessing across calls) revokes the
+0.5 until the answer is boxed. So enumeration earns no more than one blind guess. Else 0.
 Expert: the program that computes the answer, then the boxed answer it printed.
 """
 
@@ -39,7 +43,7 @@ from envs.registry import ENVS
 from envs.sandbox import Limits, run_python
 from envs.sandbox import require as require_sandbox
 
-FENCE_OPEN, FENCE_CLOSE = "```python\n", "```"
+FENCE_OPEN, FENCE_CLOSE = "```python\n", "\n```"  # a closing fence starts a line
 BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 INTEGER = re.compile(r"-?\d+")
 MAX_ACTION_CHARS = 65_536  # a turn is at most this long (a policy's turn is far shorter)
@@ -172,17 +176,20 @@ def code_block(program: str) -> str:
 
 def read_turn(text: str) -> tuple[str | None, str | None]:
     """(program, answer) of one turn, in time linear in its length. The program is the body of the
-    first ```python block; the answer is the number of the first \\boxed{N} outside every code block,
-    with its sign and without leading zeros (a number over MAX_ANSWER_DIGITS digits is kept as written,
-    so it is a wrong answer rather than an int too long to parse)."""
+    first ```python block (closed by a line starting with ```); the answer is the number of the first
+    \\boxed{N} outside every code block, with its sign and without leading zeros (a number over
+    MAX_ANSWER_DIGITS digits is kept as written, so it is a wrong answer rather than an int too long to
+    parse). Text after an unclosed fence is code (as Markdown reads it), neither program nor answer."""
     program, outside, i = None, [], 0
     while (start := text.find(FENCE_OPEN, i)) >= 0:
-        end = text.find(FENCE_CLOSE, start + len(FENCE_OPEN))
-        if end < 0:
-            break
         outside.append(text[i:start])
+        body = start + len(FENCE_OPEN)
+        end = text.find(FENCE_CLOSE, body - 1)  # the opening's own newline closes an empty block
+        if end < 0:
+            i = len(text)
+            break
         if program is None:
-            program = text[start + len(FENCE_OPEN) : end]
+            program = text[body : end + 1]
         i = end + len(FENCE_CLOSE)
     outside.append(text[i:])
     boxed = BOXED.search("\n".join(outside))
@@ -228,7 +235,7 @@ class ToolIntegratedReasoning(TurnEnv):
         self.calls = 0
         self.feedback = ""
         self.answered: str | None = None  # the boxed number as written (sign and digits, no leading zeros)
-        self.computed = False  # a program ended on the correct answer
+        self.claims: set[str] = set()  # the last integers of the programs that ran to completion
 
     def _apply(self, action: str) -> str:
         program, answer = read_turn(action)
@@ -243,10 +250,16 @@ class ToolIntegratedReasoning(TurnEnv):
         o = self.options
         result = run_python(program, Limits(wall_s=o.wall_s, cpu_s=max(1, int(o.wall_s)), memory_mb=o.memory_mb))
         shown = result.observation(limit=o.output_chars).strip()
-        if result.ok and last_integer(result.stdout) == str(self.problem.answer):
-            self.computed = True
+        claim = last_integer(result.stdout) if result.ok else None
+        if claim is not None:
+            self.claims.add(claim)
         self.feedback = f"```output\n{shown}\n```"
         return ""
+
+    @property
+    def computed(self) -> bool:
+        """Every program that ran to completion ended on the answer (and at least one did)."""
+        return self.claims == {str(self.problem.answer)}
 
     def render(self) -> str:
         return f"{self.problem.text}\n{self.feedback}" if self.feedback else self.problem.text

@@ -12,6 +12,13 @@ and re-encoded:
 SFT demonstrations are assembled from the same segments, so the model is trained on the
 token layout it later samples in. The same strings are Qwen2.5's own template, so real Qwen
 checkpoints see their native format.
+
+An observation is environment text, and some of it is untrusted (a program's output in `tir`): it is
+tokenized with special tokens split (`encode_text`), and the template's own special tokens are put in
+as ids around it, so no observation can spell `<|im_end|>` or `<|im_start|>assistant` and forge a turn.
+For text without special-token strings the ids are exactly those of the joint string, since the
+tokenizer splits a joint string at its special tokens and encodes the pieces apart (checked when a
+ChatFormat is made, so a tokenizer whose special tokens strip their neighbours is refused).
 """
 
 from __future__ import annotations
@@ -46,15 +53,30 @@ class ChatFormat:
         if self.eot_id is None or self.eot_id == self.tokenizer.unk_token_id:
             raise ValueError(f"tokenizer has no {IM_END!r} token; the chat format needs it")
         self.pad_id: int = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_id
+        self.start_id: int = self.tokenizer.convert_tokens_to_ids(IM_START)
+        self._newline, self._assistant = self.encode_text("\n"), self.encode_text("assistant\n")
+        probe = "probe: (1, 2) at 10:30"
+        if self.observation(probe) != self.encode(observation_text(probe)):
+            raise ValueError(
+                f"the tokenizer does not split text at {IM_START!r} / {IM_END!r} alone (a special token that "
+                "strips its neighbours?); the chat format builds observation segments around them as ids"
+            )
 
     def encode(self, text: str) -> list[int]:
+        """Ids of trusted template text (special-token strings in it become special tokens)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of environment text: a special-token string in it is tokenized as plain text."""
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
     def prompt(self, instructions: str, first_observation: str) -> list[int]:
-        return self.encode(prompt_text(instructions, first_observation))
+        return self.encode(f"{IM_START}system\n{instructions}{IM_END}") + self.observation(first_observation)
 
     def observation(self, observation: str) -> list[int]:
-        return self.encode(observation_text(observation))
+        """The ids of `observation_text(observation)`, the observation's own text never a special token."""
+        user = self.encode_text(f"user\n{observation}")
+        return [*self._newline, self.start_id, *user, self.eot_id, *self._newline, self.start_id, *self._assistant]
 
     def action(self, action_text: str) -> list[int]:
         """Ids of an expert action (for SFT): its text followed by the end-of-turn token."""

@@ -53,13 +53,13 @@ def truncate_observation(chat: ChatFormat, text: str, max_tokens: int) -> str:
     that the observation segment is tokenized in its usual framing; the cut is shortened until
     the re-encoded body fits in `max_tokens` tokens.
     """
-    ids = chat.encode(text)
+    ids = chat.encode_text(text)
     if len(ids) <= max_tokens:
         return text
     n = max_tokens
     while n > 0:
         head = chat.tokenizer.decode(ids[:n], skip_special_tokens=False)
-        if len(chat.encode(head)) <= max_tokens:
+        if len(chat.encode_text(head)) <= max_tokens:
             return head + TRUNCATED
         n -= 1
     return TRUNCATED.lstrip()

@@ -115,6 +115,7 @@ def test_tmp_is_capped_at_file_mb():
     )
     r = run_python(code, Limits(wall_s=15.0, cpu_s=3, file_mb=16))
     stopped = _lines(r)["stopped"].split()
+    assert run_python(object(), FAST).killed_by == "rejected"  # not text: refused, nothing raised
     assert int(stopped[0]) <= 16 and int(stopped[1]) in (27, 28)  # EFBIG (file size) or ENOSPC (tmpfs)
     assert "full" in r.stdout  # many files together stop at the tmpfs size too
 
@@ -194,6 +195,44 @@ def test_no_socket_of_the_host_is_reachable(tmp_path):
         with pytest.raises(BlockingIOError):
             s.accept()  # nobody came
         s.close()
+
+
+def test_no_state_is_shared_with_the_host_through_the_bound_files():
+    """Timestamps, extended attributes, file locks, inotify watches and the page cache's eviction and
+    residency probes: each would let a call leave a mark that the host or a later call can read."""
+    lib = "/usr/lib/python3.11/this.py"
+    before = os.stat("/dev/null").st_mtime_ns, os.stat(lib).st_mtime_ns
+    code = SYSCALL + (
+        "import fcntl\n"
+        "def attempt(name, f):\n"
+        "    try:\n"
+        "        f()\n"
+        "        print(name, 'done')\n"
+        "    except OSError as e:\n"
+        "        print(name, e.errno)\n"
+        f"fd = os.open({lib!r}, os.O_RDONLY)\n"
+        "attempt('utime-null', lambda: os.utime('/dev/null'))\n"
+        f"attempt('utime-lib', lambda: os.utime({lib!r}))\n"
+        "attempt('xattr', lambda: os.setxattr('/tmp/work/main.py', 'user.x', b'x' * 60000))\n"
+        "attempt('flock', lambda: fcntl.flock(fd, fcntl.LOCK_EX))\n"
+        "attempt('lockf', lambda: fcntl.lockf(fd, fcntl.LOCK_SH))\n"
+        "attempt('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, bytes(32)))\n"
+        "attempt('fadvise', lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))\n"
+        "attempt('nowait', lambda: os.preadv(fd, [bytearray(16)], 0, os.RWF_NOWAIT))\n"
+        "print('readahead', *sc(187, fd, 0, 4096))\n"
+        "print('inotify', *sc(253))\n"
+        "print('inotify1', *sc(294, 0))\n"
+        "print('mincore', *sc(27, 0, 4096, 0))\n"
+        "print('high-bit-setpipe', *sc(72, fd, 0x100000407, 1 << 20))\n"  # F_SETPIPE_SZ with bit 32 set
+    )
+    r = run_python(code, FAST)
+    got = _lines(r)
+    for name in ("utime-null", "utime-lib", "xattr", "flock", "lockf", "getlk", "fadvise", "nowait"):
+        assert got[name] == "1", (name, r.stdout, r.stderr)  # EPERM
+    for call in ("readahead", "inotify", "inotify1", "mincore"):
+        assert got[call] == "-1 1", (call, r.stdout)
+    assert got["high-bit-setpipe"] == "-1 1"  # the filter compares the 32 bits the kernel reads
+    assert (os.stat("/dev/null").st_mtime_ns, os.stat(lib).st_mtime_ns) == before
 
 
 # ----------------------------------------------------------------------------- 2. namespaces
@@ -295,6 +334,41 @@ def test_shared_memory_and_memfd_are_refused():
     assert got["pipe-grown"] == "1" and got["os.memfd"] == "1"
 
 
+def test_kernel_memory_outside_the_address_space_is_refused_or_counted():
+    """Pages pinned into pipes, socket buffers, AIO contexts, huge pages: refused by the filter. What
+    the filter cannot refuse (tmpfs inodes and dentries) is charged to the call's memory cgroup, which
+    kills the program at memory_mb + file_mb + OVERHEAD_MB."""
+    from envs.sandbox import memory_bound
+
+    assert memory_bound() == "memory cgroup per call"  # root here and in CI: the cgroup is there
+    code = SYSCALL + (
+        "import socket, mmap\n"
+        "r, w = os.pipe()\n"
+        "buf = mmap.mmap(-1, 1 << 21)\n"
+        "address = ctypes.addressof(ctypes.c_char.from_buffer(buf))\n"
+        "print('vmsplice', *sc(278, w, 0, 0, 0))\n"
+        "print('splice', *sc(275, r, 0, w, 0, 4096, 0))\n"
+        "print('tee', *sc(276, r, w, 4096, 0))\n"
+        "print('hugepage', *sc(28, ctypes.c_void_p(address), 1 << 21, 14))\n"  # MADV_HUGEPAGE
+        "ctx = ctypes.c_ulong(0)\n"
+        "print('io_setup', *sc(206, 128, ctypes.byref(ctx)))\n"
+        "a, b = socket.socketpair()\n"
+        "try:\n"
+        "    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)\n"
+        "    print('sndbuf done')\n"
+        "except OSError as e:\n"
+        "    print('sndbuf', e.errno)\n"
+    )
+    r = run_python(code, FAST)
+    got = _lines(r)
+    for call in ("vmsplice", "splice", "tee", "hugepage", "io_setup"):
+        assert got[call] == "-1 1", (call, r.stdout, r.stderr)
+    assert got["sndbuf"] == "1"
+    flood = "import os\nn = 0\nwhile True:\n    os.mkdir(f'/tmp/{n}' + 'd' * 200)\n    n += 1\n"
+    r = run_python(flood, Limits(wall_s=30.0, cpu_s=20, memory_mb=64, file_mb=4))
+    assert r.killed_by == "memory" and r.observation() == "Error: memory limit exceeded", r
+
+
 def test_posix_shared_memory_has_nowhere_to_live():
     code = (
         "from multiprocessing import shared_memory\n"
@@ -373,19 +447,36 @@ def test_a_huge_or_malformed_turn_never_makes_the_environment_raise():
 
 
 def test_enumerating_candidates_earns_nothing():
-    env = _tir()
-    answer = env.problem.answer
+    answer = _tir().problem.answer
     assert 0 <= answer < 2000
     for program in (
-        "print(*range(2000))",  # the answer among many
+        "print(*range(2000))",  # the answer among many: only the last integer is the claim
         "print(*range(-1000, 100000))",  # the same past the output cap
         f"print({answer})\nprint(0)",  # the answer, then something else
         f"print({answer}, {answer + 1})",
+        f"print('x' * {FAST.output_bytes} + '{answer}')",  # a claim cut off by the kept prefix
     ):
-        res = env.step(f"```python\n{program}\n```")
+        res = _tir().step(f"```python\n{program}\n```")
         assert res.info["score"] == 0.0 and res.reward == 0.0, program
-    res = env.step(f"```python\nprint('the answer is', {answer})\n```")
+    res = _tir().step(f"```python\nprint('the answer is', {answer})\n```")
     assert res.info["score"] == 0.5  # the value a program ends on is what it computed
+
+
+def test_guessing_across_calls_earns_nothing():
+    env = _tir()
+    answer = env.problem.answer
+    guesses = [g for g in range(answer + 3) if g != answer][:3] + [answer]
+    for guess in guesses:  # a wrong claim first: the right one later does not earn the partial score
+        res = env.step(f"```python\nprint({guess})\n```")
+        assert res.info["score"] == 0.0, guess
+    env = _tir()
+    assert env.step(f"```python\nprint({answer})\n```").info["score"] == 0.5
+    res = env.step(f"```python\nprint({answer + 1})\n```")  # a second, different claim revokes it
+    assert res.info["score"] == 0.0 and res.reward == -0.5
+    env = _tir()  # what is not a claim keeps it: a check that prints no integer, a program that fails
+    env.step(f"```python\nprint({answer})\n```")
+    for program in ("print('checked:', True)", "1 / 0", f"print({answer})"):
+        assert env.step(f"```python\n{program}\n```").info["score"] == 0.5, program
 
 
 def test_a_boxed_number_inside_the_program_does_not_end_the_turn():
@@ -393,6 +484,11 @@ def test_a_boxed_number_inside_the_program_does_not_end_the_turn():
     answer = env.problem.answer
     res = env.step(f"```python\nprint('\\\\boxed{{{answer}}}')\n```")
     assert not res.done and f"```output\n\\boxed{{{answer}}}\n```" in res.observation  # it ran
+    # backticks inside the program do not close it (a fence closes at the start of a line)
+    res = env.step('```python\ns = "```"  # \\boxed{12}\nprint(len(s))\n```')
+    assert not res.done and "```output\n3\n```" in res.observation
+    res = env.step("```python\nprint(1)  # \\boxed{12}")  # unclosed: neither program nor answer
+    assert res.info["format_error"] and not res.done
     res = env.step(f"I computed it.\n\\boxed{{{answer}}}")
     assert res.done and res.info["won"]
 
