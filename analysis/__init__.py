@@ -1,8 +1,8 @@
 """Results folders -> DataFrames, statistics across seeds, paper tables, figures and reports.
 
 Never imports the trainer or torch: everything here reads only what `harness sweep` wrote.
-pandas is imported on first use of these names, so the runner can import `analysis.integrity`
-(standard library only) without it.
+pandas is imported on first use of these names, so `analysis.integrity` (standard library and
+PyYAML only) loads without it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,16 @@ import yaml
 
 from analysis.cells import add_cells, format_value, short_axis_names  # noqa: F401 (re-exported)
 from analysis.configs import config_groups, diff_text
-from analysis.integrity import CORRUPT, FINISHED, POINT_FILES, point_problems, read_status  # noqa: F401 (FINISHED re-exported)
+from harness.store import (
+    CONFIG,
+    CORRUPT,
+    METRICS,
+    POINT_FILES,
+    SUMMARY,
+    SWEEP_MANIFEST,
+    point_problems,
+    read_status,
+)
 
 SEED_KEY = "train.seed"
 COST_KEYS = ("cost/episodes", "cost/generated_tokens", "cost/wall_s")
@@ -49,7 +58,7 @@ class SweepMeta:
     baseline: dict[str, Any]
     seeds: list[int]
     points: list[dict[str, Any]]
-    source: str = "sweep.json"
+    source: str = SWEEP_MANIFEST
     problems: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # sweep.json as read (command, base_config, ...)
     other_configs: list[str] = field(default_factory=list)  # differing keys of each other config group
@@ -150,7 +159,7 @@ def _infer_axes(configs: dict[str, dict[str, Any]]) -> list[str]:
 
 def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta:
     problems: list[str] = []
-    raw = _read_json(root / "sweep.json", problems)
+    raw = _read_json(root / SWEEP_MANIFEST, problems)
     dirs = _point_dirs(root)
     if isinstance(raw, dict):
         points = [p for p in raw.get("points") or [] if isinstance(p, dict) and "id" in p]
@@ -159,10 +168,12 @@ def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta
         baseline = dict(raw.get("baseline") or {})
         if not axes and configs:
             axes = _infer_axes(configs)
-        meta = SweepMeta(str(raw.get("name") or root.name), axes, baseline, seeds, points, "sweep.json", problems, raw)
+        meta = SweepMeta(
+            str(raw.get("name") or root.name), axes, baseline, seeds, points, SWEEP_MANIFEST, problems, raw
+        )
     else:
         if raw is None and not problems:
-            problems.append("no sweep.json: axes inferred from the configs, baseline = first point")
+            problems.append(f"no {SWEEP_MANIFEST}: axes inferred from the configs, baseline = first point")
         points = [{"id": d, "label": None, "overrides": {}} for d in dirs]
         axes = _infer_axes(configs)
         seeds = sorted({int(c[SEED_KEY]) for c in configs.values() if isinstance(c.get(SEED_KEY), int)})
@@ -201,9 +212,9 @@ def _cost(row: dict[str, Any], summary: dict[str, Any]) -> None:
 
 def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
     pdir = root / str(point["id"])
-    summary = _read_json(pdir / "summary.json", problems)
+    summary = _read_json(pdir / SUMMARY, problems)
     summary = summary if isinstance(summary, dict) else None
-    has_metrics = (pdir / "metrics.jsonl").is_file()
+    has_metrics = (pdir / METRICS).is_file()
     row: dict[str, Any] = dict(config or {})
     status = _status(pdir, summary, has_metrics)
     damage = point_problems(pdir) if pdir.exists() else []
@@ -212,7 +223,7 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
     if not pdir.exists():
         problems.append("no point folder")
     else:
-        problems += [f"no {f}" for f in ("config.yaml", "summary.json") if not (pdir / f).is_file()]
+        problems += [f"no {f}" for f in (CONFIG, SUMMARY) if not (pdir / f).is_file()]
     metrics = (summary or {}).get("metrics") or {}
     # the collapse detector's verdict: in the summary metrics, or at the summary's top level
     source = metrics if "collapsed_at" in metrics else summary or {}
@@ -249,7 +260,7 @@ def _root(path: str | Path) -> Path:
     if not root.is_dir():
         raise AnalysisError(
             f"{root} is not a results folder: expected a directory written by "
-            f"`harness sweep` (results/<sweep>/ with sweep.json and one folder per point)."
+            f"`harness sweep` (results/<sweep>/ with {SWEEP_MANIFEST} and one folder per point)."
         )
     return root
 
@@ -265,15 +276,15 @@ def load_results(path: str | Path) -> pd.DataFrame:
     configs: dict[str, dict[str, Any]] = {}
     for d in _point_dirs(root):
         cfg_problems[d] = []
-        cfg = _read_yaml(root / d / "config.yaml", cfg_problems[d])
+        cfg = _read_yaml(root / d / CONFIG, cfg_problems[d])
         if isinstance(cfg, dict):
             configs[d] = flatten(cfg)
     meta = read_sweep_meta(root, configs)
     if not meta.points:
         raise AnalysisError(
-            f"{root} holds no points: no sweep.json with points and no sub-folder with {', '.join(POINT_FILES)}."
+            f"{root} holds no points: no {SWEEP_MANIFEST} with points and no sub-folder with {', '.join(POINT_FILES)}."
         )
-    groups = config_groups(meta.raw if meta.source == "sweep.json" else None, configs, meta.points, meta.axes)
+    groups = config_groups(meta.raw if meta.source == SWEEP_MANIFEST else None, configs, meta.points, meta.axes)
     rows = []
     for p in meta.points:
         pid = str(p["id"])
@@ -307,7 +318,7 @@ def load_curves(
     cols: dict[str, list] = {c: [] for c in ("point", "seed", "label", "status", "update", "metric", "value")}
     for _, r in results[results["has_metrics"]].iterrows():
         point = (r["point"], r["seed"], r["label"], r["status"])
-        for i, row in enumerate(read_metrics_rows(root / r["point"] / "metrics.jsonl")):
+        for i, row in enumerate(read_metrics_rows(root / r["point"] / METRICS)):
             update = row.get("update", i)
             for k, v in row.items():
                 if k == "update" or isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -28,11 +28,11 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis.cells import short_axis_names
-from analysis.integrity import CORRUPT
 from analysis.layout import DPI, finish, panels
 from analysis.load import AnalysisError, load_curves, load_results
 from analysis.stats import bootstrap_ci
 from analysis.tasks import EPISODE_KEYS, TOKEN_KEYS, cumulative
+from harness.store import CORRUPT
 
 FORMATS = ("png", "svg")
 N_BOOT = 1000

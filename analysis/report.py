@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.integrity import CORRUPT, FINISHED
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.render import to_html, to_markdown
 from analysis.table import Table, table_for
+from harness.store import CORRUPT, FINISHED
 
 REPORT_FORMATS = ("md", "html")
 

@@ -28,6 +28,7 @@ from analysis.report import status_line
 from analysis.table import table_for
 from analysis.table_text import code_versions
 from analysis.tasks import task_env, task_metric
+from harness.store import FINISHED, OPTUNA_DB
 
 INTRO = "_intro.md"
 HEADER = """# Results
@@ -96,7 +97,7 @@ def env_table_metrics(results) -> list[str]:
 def _results_section(sf: SweepFile, folder: Path, out: Path, figures: Path) -> list[str]:
     results = load_results(folder)
     meta = results.attrs["sweep"]
-    done = results[results["status"].isin(("done", "diverged"))]
+    done = results[results["status"].isin(FINISHED)]
     command = meta.raw.get("command") or f"harness sweep {sf.path.as_posix()} (reconstructed: not recorded)"
     lines = [
         f"- Command: `{command}`",
@@ -128,7 +129,7 @@ def _study_lines(sf: SweepFile, root: Path) -> list[str]:
     """An Optuna study: what `harness tune FILE --show` prints for its storage under `root` (run in a
     child process: the tuner imports optuna and the trainer, which analysis never loads)."""
     cmd = f"harness tune {sf.path.as_posix()}"
-    if not (root / sf.name / "optuna.db").is_file():
+    if not (root / sf.name / OPTUNA_DB).is_file():
         return [f"An Optuna study, not run yet: `{cmd} --results {root.as_posix()}` writes it.", ""]
     show = [sys.executable, "-m", "harness", "tune", str(sf.path), "--results", root.as_posix(), "--show"]
     res = subprocess.run(show, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

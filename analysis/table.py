@@ -22,8 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, Block, build_block
-from analysis.integrity import CORRUPT
-from analysis.load import FINISHED, SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
+from analysis.load import SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
 from analysis.stats import N_BOOT, Estimate, bootstrap_ci
 from analysis.table_text import caption, keys_and_header, notes, provenance, summary_lines
@@ -37,6 +36,7 @@ from analysis.tasks import (
     task_metric,
     task_scores,
 )
+from harness.store import CORRUPT, FINISHED
 
 DEFAULT_METRICS = ("final/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
 METRIC_NAMES = {

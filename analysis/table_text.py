@@ -10,9 +10,9 @@ import pandas as pd
 
 from analysis.cells import axis_label, format_value, short_axis_names
 from analysis.columns import DELTA, GAIN, MATCHED, START, Block, power
-from analysis.load import FINISHED
 from analysis.stats import CONFIDENCE
 from analysis.tasks import Scores, task_env, task_metric
+from harness.store import FINISHED
 
 FIELD_WORDS = {
     "success": "success rate",

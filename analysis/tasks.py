@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TASK_FILE = "eval_tasks.jsonl"
+from harness.store import EVAL_TASKS
+
 MODES = ("greedy", "sampled")
 # per-episode fields of some environments only: "true_success" and "exploit_rate" of the probes,
 # "deadlock_rate" of Sokoban with `deadlock` on
@@ -78,7 +79,7 @@ def load_tasks(root: Path, points: list[str]) -> pd.DataFrame:
     """Rows of every point's eval_tasks.jsonl (columns COLUMNS); points without the file add nothing."""
     frames = []
     for pid in points:
-        rows = _rows(Path(root) / pid / TASK_FILE)
+        rows = _rows(Path(root) / pid / EVAL_TASKS)
         if rows:
             df = pd.DataFrame(rows).reindex(columns=COLUMNS[1:])
             df.insert(0, "point", pid)

@@ -14,14 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # harness/ subpackages, top to bottom: a module may import its own layer and the layers below.
-HARNESS_LAYERS = ["cli", "bench", "experiments", "rl", "diagnostics", "model", "transcript", "config"]
-# Top-level packages, and the first-party packages each may import (besides itself).
+HARNESS_LAYERS = ["cli", "bench", "experiments", "rl", "diagnostics", "model", "transcript", "config", "store"]
+# Top-level packages, and what each may import besides itself: a first-party package, or one
+# package inside one (analysis reads results through the results-folder owner, harness.store,
+# and through nothing else of harness).
 PACKAGE_IMPORTS = {
     "harness": {"algorithms", "envs", "analysis"},
-    "analysis": set(),
+    "analysis": {"harness.store"},
     "envs": {"algorithms"},
     "algorithms": set(),
 }
+# The results-folder owner, which analysis imports, imports nothing first-party outside itself.
+STORE = "harness.store"
 
 
 def _modules() -> dict[str, Path]:
@@ -90,17 +94,45 @@ def test_harness_imports_only_go_downward():
     )
 
 
+def _within(module: str, names: set[str]) -> bool:
+    """`module` is one of `names` or inside one of them (a package)."""
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def _forbidden(graph: dict[str, set[str]], package: str, allowed: set[str]) -> list[str]:
+    """The imports of `package`'s modules that leave `package` and `allowed`."""
+    return [
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _within(m, {package})
+        for t in targets
+        if not _within(t, allowed | {package})
+    ]
+
+
 @pytest.mark.parametrize("package", sorted(PACKAGE_IMPORTS))
 def test_top_level_packages_import_only_what_they_may(package):
-    allowed = PACKAGE_IMPORTS[package] | {package}
-    bad = [
-        f"{m} -> {t}"
-        for m, targets in GRAPH.items()
-        if m.split(".")[0] == package
-        for t in targets
-        if t.split(".")[0] not in allowed
+    allowed = PACKAGE_IMPORTS[package]
+    bad = _forbidden(GRAPH, package, allowed)
+    assert not bad, f"{package} may import only {sorted(allowed | {package})}:\n" + "\n".join(bad)
+
+
+def test_the_results_store_imports_nothing_first_party_but_itself():
+    bad = _forbidden(GRAPH, STORE, set())
+    assert not bad, f"{STORE} is imported by analysis and may import no other first-party module:\n" + "\n".join(bad)
+
+
+def test_the_package_check_allows_analysis_the_store_and_nothing_else_of_harness():
+    graph = {
+        "analysis.load": {"harness.store", "harness.store.layout", "analysis.cells"},
+        "analysis.table": {"harness.config.errors", "harness"},
+        "harness.store.files": {"harness.config"},
+    }
+    assert sorted(_forbidden(graph, "analysis", PACKAGE_IMPORTS["analysis"])) == [
+        "analysis.table -> harness",
+        "analysis.table -> harness.config.errors",
     ]
-    assert not bad, f"{package} may import only {sorted(allowed)}:\n" + "\n".join(bad)
+    assert _forbidden(graph, STORE, set()) == ["harness.store.files -> harness.config"]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -17,6 +17,7 @@ import yaml
 
 from harness.experiments.loading import covers, flatten, show_value
 from harness.experiments.provenance import config_hash
+from harness.store import CONFIG
 
 SEED_KEY = "train.seed"
 SHOWN_KEYS = 3  # differing keys named in the warning
@@ -52,7 +53,7 @@ def other_configs(folder: Path, own_ids: set[str], base: dict[str, Any], axes: l
         return found
     for d in sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in own_ids):
         try:
-            cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+            cfg = yaml.safe_load((d / CONFIG).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
             continue
         if not isinstance(cfg, dict):

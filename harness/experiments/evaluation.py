@@ -31,7 +31,7 @@ from harness.config.errors import ConfigError
 from harness.config.schema import RunConfig
 from harness.experiments.loading import parse_override, validate_run_config
 from harness.experiments.provenance import code_version
-from harness.experiments.tracking import append_jsonl, atomic_write_json, read_jsonl
+from harness.store import ADAPTER, CONFIG, EVAL_DIR, append_jsonl, atomic_write_json, read_jsonl
 
 CHECKPOINTS = ("adapter", "start")
 
@@ -50,7 +50,7 @@ class EvalRequest:
 
 
 def point_config(point: Path) -> RunConfig:
-    path = point / "config.yaml"
+    path = point / CONFIG
     if not path.is_file():
         raise ConfigError(
             f"{point}: not a point folder (no config.yaml); give a folder such as results/<sweep>/<point id>"
@@ -67,7 +67,7 @@ def check_request(req: EvalRequest, cfg: RunConfig) -> None:
         raise ConfigError(
             f"--checkpoint {req.checkpoint!r} is not a checkpoint; choose one of: {', '.join(CHECKPOINTS)}"
         )
-    if req.checkpoint == "adapter" and not (req.point / "adapter").is_dir():
+    if req.checkpoint == "adapter" and not (req.point / ADAPTER).is_dir():
         raise ConfigError(
             f"{req.point}: no adapter/ folder (the point has not finished); use --checkpoint start "
             f"or finish the point first"
@@ -149,7 +149,7 @@ def run_eval(req: EvalRequest, log=print) -> Path:
     cfg, variant = with_env_options(req, point_cfg)
     cfg, seeds, set_name = task_set(req, cfg)
     name = req.name or f"{req.checkpoint}-{set_name}-x{req.samples}{variant}"
-    folder = req.point / "eval"
+    folder = req.point / EVAL_DIR
     folder.mkdir(exist_ok=True)
     rows_path, summary_path = folder / f"{name}.tasks.jsonl", folder / f"{name}.json"
     done = {(r["mode"], r["task"], r["sample"]) for r in read_jsonl(rows_path)}

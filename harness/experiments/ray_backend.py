@@ -42,7 +42,7 @@ from harness.experiments.point import RunOptions, point_dir, read_status, run_po
 from harness.experiments.redact import mask_credentials
 from harness.experiments.runner import _record
 from harness.experiments.sweep import Point
-from harness.experiments.tracking import atomic_write_text
+from harness.store import FINISHED, TRACEBACK, atomic_write_text, write_status
 
 FORWARDED_ENV = (
     "HARNESS_CACHE",
@@ -281,8 +281,8 @@ class RayExecutor:
         run_dir = point_dir(opts.results, sweep, point)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         error = f"Ray task failed: {type(e).__name__}: {first}"
-        if read_status(run_dir) not in ("done", "diverged"):
+        if read_status(run_dir) not in FINISHED:
             run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(run_dir / "traceback.txt", f"{error}\n\n{e}\n")
-            atomic_write_text(run_dir / "status", "failed\n")
+            atomic_write_text(run_dir / TRACEBACK, f"{error}\n\n{e}\n")
+            write_status(run_dir, "failed")
         return {"status": "failed", "wall_s": None, "error": error}

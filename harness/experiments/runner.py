@@ -24,14 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.integrity import point_problems
 from harness.experiments.base_config import other_configs, warning_text
 from harness.experiments.point import (
-    CORRUPT,
-    FINISHED,
-    LOCK,
-    STATUS,
-    TRACEBACK,
     RunOptions,
     point_dir,
     point_state,
@@ -42,7 +36,19 @@ from harness.experiments.point import (
 from harness.experiments.provenance import environment
 from harness.experiments.redact import mask_credentials
 from harness.experiments.sweep import Point, Sweep, merge_manifest
-from harness.experiments.tracking import atomic_write_json, atomic_write_text, ensure_experiment, file_lock
+from harness.experiments.tracking import ensure_experiment
+from harness.store import (
+    CACHE,
+    CORRUPT,
+    FINISHED,
+    SWEEP_MANIFEST,
+    TRACEBACK,
+    atomic_write_json,
+    atomic_write_text,
+    point_lock,
+    point_problems,
+    write_status,
+)
 
 __all__ = ["RunOptions", "SweepResult", "plan", "run_sweep"]
 
@@ -81,17 +87,17 @@ def _prepare(sweep: Sweep, opts: RunOptions) -> None:
     opts.results = Path(opts.results)
     (opts.results / sweep.name).mkdir(parents=True, exist_ok=True)
     # the trainer's content-hashed caches (tiny models, SFT) live beside the results unless set
-    os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
+    os.environ.setdefault("HARNESS_CACHE", str(opts.results / CACHE))
     folder = opts.results / sweep.name
     found = other_configs(folder, {p.id for p in sweep.points}, sweep.base_config(), sweep.axes)
     if found:
         print(warning_text(folder, found), flush=True)
     # a run of part of the sweep (--seeds) keeps the points an earlier run of the same sweep listed
     try:
-        previous = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))
+        previous = json.loads((folder / SWEEP_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         previous = None
-    atomic_write_json(folder / "sweep.json", merge_manifest(previous, sweep.manifest()))
+    atomic_write_json(folder / SWEEP_MANIFEST, merge_manifest(previous, sweep.manifest()))
     resolve_train_fn(opts.train_fn)  # fail early and clearly when the trainer is missing
     opts.env_info = opts.env_info or environment()
     if opts.mlflow_uri:
@@ -170,7 +176,7 @@ def _settle_busy(sweep: str, opts: RunOptions, progress: Any, result: SweepResul
     for point in busy:
         run_dir = point_dir(opts.results, sweep, point)
         try:
-            with file_lock(run_dir / LOCK):  # blocks until the other process lets go
+            with point_lock(run_dir):  # blocks until the other process lets go
                 state = point_state(run_dir)
         except KeyboardInterrupt:
             result.interrupted = True
@@ -216,7 +222,7 @@ def _mark_crashed(sweep: str, point: Point, opts: RunOptions, exitcode: int | No
     run_dir.mkdir(parents=True, exist_ok=True)  # a worker can die before it made its folder (at spawn)
     error = f"worker process died with exit code {exitcode} (killed by the OS, out of memory, or a crash)"
     atomic_write_text(run_dir / TRACEBACK, error + "\n")
-    atomic_write_text(run_dir / STATUS, "failed\n")
+    write_status(run_dir, "failed")
     return {"status": "failed", "wall_s": None, "error": error}
 
 

@@ -1,8 +1,7 @@
 """What a run writes: metrics.jsonl / samples.jsonl (the source of truth) mirrored to MLflow.
 
-Files are written atomically (a temporary file in the same folder, fsync, `os.replace`), so a
-kill leaves either the old or the new content, never half of it. JSONL rows are appended with
-flush + fsync; a torn last line left by a kill is ignored when read back.
+The files are written through harness.store (atomic writes, JSONL rows keyed by update, locks);
+this module adds MLflow and the run logger the trainer calls.
 
 MLflow: one run per point (experiment = sweep name, run name = point id) with the flattened
 config as params and every metric row at step = update. The default store is
@@ -14,16 +13,14 @@ MLflow run, so its history can hold two values for those steps; metrics.jsonl ho
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import re
 import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,59 +29,25 @@ from typing import Any
 from harness.config.errors import ConfigWarning
 from harness.experiments.redact import mask_credentials
 
-METRICS, SAMPLES, TIMINGS, MLFLOW_RUN_ID = "metrics.jsonl", "samples.jsonl", "timings.jsonl", "mlflow_run_id"
-EVAL_TASKS = "eval_tasks.jsonl"  # one row per evaluated episode (paired analysis)
+# The file helpers live in harness.store; they stay importable from here for existing callers.
+from harness.store import (  # noqa: F401
+    EVAL_TASKS,
+    METRICS,
+    MLFLOW_DB,
+    MLFLOW_RUN_ID,
+    SAMPLES,
+    TIMINGS,
+    PointLogs,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    file_lock,
+    read_jsonl,
+    rewrite_jsonl,
+)
+
 OPEN_TOKEN_TAG = "harness_open_token"  # MLflow tag: which sink created the run (see MlflowSink)
 MLFLOW_STATUS = {"done": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
-
-
-# ----------------------------------------------------------------------------- atomic files
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` all at once (tmp file + fsync + os.replace)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    """json `default=`: tensors / numpy scalars -> python numbers, paths -> str."""
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
-
-
-def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
-    text = "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows)
-    if not text:
-        return
-    with open(path, "a") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @contextmanager
@@ -108,59 +71,12 @@ def config_warnings_recorded(events: Path, point_id: str) -> Iterator[None]:
         yield
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file; a torn (unparsable) line, as a kill mid-write leaves, is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def rewrite_jsonl(path: Path, keep: Callable[[dict], bool] = lambda row: True) -> None:
-    """Keep the rows `keep` accepts; also drops a torn last line, so the next append starts clean."""
-    if not path.exists():
-        return
-    text = path.read_text()
-    new = "".join(json.dumps(r, default=_jsonable) + "\n" for r in read_jsonl(path) if keep(r))
-    if new != text:
-        atomic_write_text(path, new)
-
-
-@contextmanager
-def file_lock(path: str | Path, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive lock on `path` (created when missing) across processes; yields whether it was
-    taken (always True when `blocking`; without POSIX locks: True, no lock)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        yield True
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
 # ----------------------------------------------------------------------------- MLflow
 def default_tracking_uri(results_root: str | Path) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    return f"sqlite:///{(Path(results_root).resolve() / 'mlflow.db')}"
+    return f"sqlite:///{(Path(results_root).resolve() / MLFLOW_DB)}"
 
 
 def _artifact_location(uri: str) -> str | None:
@@ -324,8 +240,8 @@ class RunLogger:
     truncate_after(update)      on resume: drop rows logged after the checkpoint's update
     close(status)               done / failed / diverged / interrupted
 
-    Rows from an earlier, interrupted attempt with an update >= the first one logged now are
-    dropped as well, so a resumed run never holds an update twice even without truncate_after.
+    The files are a harness.store.PointLogs: a resumed run never holds an update twice, even
+    without truncate_after.
     """
 
     def __init__(
@@ -337,12 +253,8 @@ class RunLogger:
         mlflow_uri: str | None = None,
         tags: dict[str, str] | None = None,
     ):
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.paths = {name: self.run_dir / name for name in (METRICS, SAMPLES, TIMINGS, EVAL_TASKS)}
-        for path in self.paths.values():
-            rewrite_jsonl(path)  # a kill mid-append leaves a torn line
-        self._stale = {name: self._max_update(path) for name, path in self.paths.items()}
+        self.logs = PointLogs(run_dir)
+        self.run_dir, self.paths = self.logs.run_dir, self.logs.paths
         self.mlflow: MlflowSink | None = None
         if mlflow_uri:
             self.mlflow = MlflowSink(
@@ -357,38 +269,25 @@ class RunLogger:
     def samples_path(self) -> Path:
         return self.paths[SAMPLES]
 
-    @staticmethod
-    def _max_update(path: Path) -> float:
-        updates = [r["update"] for r in read_jsonl(path) if isinstance(r.get("update"), (int, float))]
-        return max(updates, default=-math.inf)
-
     @property
     def last_update(self) -> int | None:
         """The last update in metrics.jsonl (None when empty)."""
-        rows = read_jsonl(self.metrics_path)
-        return rows[-1]["update"] if rows else None
-
-    def _append(self, name: str, update: int, rows: list[dict]) -> None:
-        """Append rows of `update`, first dropping rows of this or later updates an earlier attempt left."""
-        if update <= self._stale[name]:
-            rewrite_jsonl(self.paths[name], lambda r: r.get("update", -math.inf) < update)
-        self._stale[name] = -math.inf
-        append_jsonl(self.paths[name], rows)
+        return self.logs.last_update
 
     def log(self, update: int, metrics: dict[str, Any]) -> None:
         row = {"update": int(update), **{k: _number(v) for k, v in metrics.items()}}
-        self._append(METRICS, update, [row])
+        self.logs.append(METRICS, update, [row])
         if self.mlflow is not None:
             self.mlflow.log_metrics(int(update), {k: v for k, v in row.items() if k != "update"})
 
     def log_samples(self, update: int, rows: list[dict]) -> None:
-        self._append(SAMPLES, update, [{"update": int(update), **r} for r in rows])
+        self.logs.append(SAMPLES, update, [{"update": int(update), **r} for r in rows])
 
     def log_timings(self, update: int, seconds: dict[str, float]) -> None:
-        self._append(TIMINGS, update, [{"update": int(update), **seconds}])
+        self.logs.append(TIMINGS, update, [{"update": int(update), **seconds}])
 
     def log_eval_tasks(self, update: int, rows: list[dict]) -> None:
-        self._append(EVAL_TASKS, update, [{**r, "update": int(update)} for r in rows])
+        self.logs.append(EVAL_TASKS, update, [{**r, "update": int(update)} for r in rows])
 
     def log_params(self, params: dict[str, Any]) -> None:
         if self.mlflow is not None:
@@ -396,9 +295,7 @@ class RunLogger:
 
     def truncate_after(self, update: int) -> None:
         """Keep only rows with update <= `update` (the checkpoint the run resumes from)."""
-        for name, path in self.paths.items():
-            rewrite_jsonl(path, lambda r: r.get("update", math.inf) <= update)
-            self._stale[name] = -math.inf
+        self.logs.truncate_after(update)
 
     def close(self, status: str) -> None:
         if self.mlflow is not None:

@@ -34,7 +34,8 @@ from harness.experiments.redact import mask_credentials
 from harness.experiments.samplers import make_pruner, make_sampler
 from harness.experiments.study import TuneStudy, objective_value, suggest
 from harness.experiments.sweep import Point
-from harness.experiments.tracking import ensure_experiment, read_jsonl
+from harness.experiments.tracking import ensure_experiment
+from harness.store import CACHE, METRICS, OPTUNA_DB, read_jsonl
 
 MAX_FAILED_IN_A_ROW = 3
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -61,7 +62,7 @@ class TuneOptions:
 
 
 def default_storage(results: Path, name: str) -> str:
-    return f"sqlite:///{(Path(results).resolve() / name / 'optuna.db')}"
+    return f"sqlite:///{(Path(results).resolve() / name / OPTUNA_DB)}"
 
 
 def _quiet() -> None:
@@ -191,7 +192,7 @@ class Tuner:
             raise optuna.TrialPruned(f"point {point.id} {status}: {res.get('error') or ''}".rstrip(": "))
         if status != "done":
             raise PointFailed(f"point {point.id} {status}: {res.get('error')} (see {run_dir})")
-        return objective_value(read_jsonl(run_dir / "metrics.jsonl"), self.study.spec.objective, str(run_dir))
+        return objective_value(read_jsonl(run_dir / METRICS), self.study.spec.objective, str(run_dir))
 
     def requeue_current(self) -> None:
         """After Ctrl-C: queue the interrupted trial's parameters, so the next run resumes its points."""
@@ -214,7 +215,7 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
     """Run trials until the study holds n_trials finished ones (see the module doc)."""
     opts.results = Path(opts.results)
     (opts.results / study.name).mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("HARNESS_CACHE", str(opts.results / ".cache"))
+    os.environ.setdefault("HARNESS_CACHE", str(opts.results / CACHE))
     if not opts.env_info:
         from harness.experiments.provenance import environment
 

@@ -12,11 +12,10 @@ import pytest
 from test_runner import calls, check_complete, make_sweep, opts
 from typer.testing import CliRunner
 
-from analysis.integrity import check_sweep
 from harness.cli.main import app
 from harness.experiments.runner import run_sweep
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import read_jsonl
+from harness.store import check_sweep, read_jsonl
 
 GARBAGE = os.urandom(48) + b"\xff\xfe\x00"
 

@@ -12,7 +12,6 @@ import torch
 
 from envs import make_env
 from harness.config.schema import JudgeConfig, RunConfig
-from harness.experiments.tracking import read_jsonl
 from harness.rl.batch import build_batch
 from harness.rl.judge import (
     ModelJudge,
@@ -24,6 +23,7 @@ from harness.rl.judge import (
     parse_vote,
     process_bonus,
 )
+from harness.store import read_jsonl
 from tests.harness import baseline_run
 from tests.harness.test_invariance import _merge
 from tests.harness.test_update import cfg_of

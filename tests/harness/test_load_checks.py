@@ -30,10 +30,11 @@ from harness.experiments.loading import iter_config_fields, load_run_config, val
 from harness.experiments.samplers import make_pruner, make_sampler
 from harness.experiments.study import ParamSpec, load_study, objective_metrics
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import config_warnings_recorded, read_jsonl
+from harness.experiments.tracking import config_warnings_recorded
 from harness.model.base import ModelError, check_lora_targets, model_source_problem
 from harness.rl.seeding import seed_everything
 from harness.rl.trainer import planned_updates
+from harness.store import read_jsonl
 
 BASE = "env: {name: frozenlake}\ntrain: {updates: 3}\n"
 

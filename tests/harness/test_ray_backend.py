@@ -22,7 +22,7 @@ from pause import paused, wait_until
 
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import read_jsonl
+from harness.store import read_jsonl
 
 pytest.importorskip("ray")  # the optional extra `dist`
 

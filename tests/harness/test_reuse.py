@@ -15,7 +15,7 @@ import pytest
 from harness.experiments.point import RunOptions, find_donor
 from harness.experiments.runner import run_sweep
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import atomic_write_json, read_jsonl
+from harness.store import atomic_write_json, read_jsonl
 
 BASE = "env: {name: frozenlake}\ntrain: {updates: 3}\ntracking: {mlflow: %s}\n"
 

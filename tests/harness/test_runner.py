@@ -20,7 +20,8 @@ from pause import pause_at, paused, resume, start_interruptible, wait_until
 from harness.experiments.point import RunOptions, read_status, run_point
 from harness.experiments.runner import plan, run_sweep
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import RunLogger, atomic_write_text, read_jsonl
+from harness.experiments.tracking import RunLogger
+from harness.store import atomic_write_text, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -14,7 +14,8 @@ from pause import wait_until
 
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
-from harness.experiments.tracking import RunLogger, default_tracking_uri, read_jsonl
+from harness.experiments.tracking import RunLogger, default_tracking_uri
+from harness.store import read_jsonl
 
 pytest.importorskip("mlflow")
 

@@ -23,8 +23,8 @@ from pause import RESUME, paused, resume, start_interruptible, wait_until
 
 from harness.config.errors import ConfigError
 from harness.experiments.study import load_study
-from harness.experiments.tracking import read_jsonl
 from harness.experiments.tuner import TuneOptions, default_storage, run_study
+from harness.store import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

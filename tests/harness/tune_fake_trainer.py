@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pause import pause_point
 
-from harness.experiments.tracking import append_jsonl, atomic_write_json, read_jsonl
+from harness.store import append_jsonl, atomic_write_json, read_jsonl
 
 CALLS = "fake_calls.jsonl"
 
