@@ -120,7 +120,8 @@ def _prompts(vocab: int, batch: int, prompt: int, seed: int) -> list[list[int]]:
 
 def _time_ours(model, backend: str, prompts, new_tokens: int, seed: int) -> float:
     """Seconds to sample `new_tokens` for every row (prefill included) with our sampler."""
-    from harness.rl.rollout import generate_turn, kv_batch
+    from harness.rl.engines import kv_batch
+    from harness.rl.rollout import generate_turn
 
     device = str(next(model.parameters()).device)
     kv = kv_batch(model, 0, backend)
@@ -218,9 +219,9 @@ def bench_engines(
                 row[f"{engine}_vs_generate"] = row[f"{engine}_tokens_per_s"] / row["generate_tokens_per_s"]
             row[f"{engine}_fraction_of_floor"] = row[f"{engine}_tokens_per_s"] / floor
         out["by_batch"][str(batch)] = row
-    from harness.rl import static_kv
+    from harness.rl.engines import static
 
-    static_kv.release(model)
+    static.release(model)
     del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()

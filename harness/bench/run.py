@@ -101,7 +101,7 @@ def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], int]:
             times, tokens = [], 0
             for k in range(steps + 1):
                 t0 = time.perf_counter()
-                m = tr._one_update(k + 1)
+                m = tr.one_update(k + 1)
                 times.append(time.perf_counter() - t0)
                 tokens = int(m.get("perf/rollout_tokens", 0))
         finally:
@@ -118,7 +118,7 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
 
     from envs import make_env
     from harness.model.cache import cache_dir
-    from harness.model.pipeline import load_policy
+    from harness.rl.build import load_policy
     from harness.transcript.chat import prompt_text
 
     policy = load_policy(cfg, cache_dir(), "cpu")
@@ -208,7 +208,7 @@ def run_bench(
     """Every benchmark in one process; each entry reports both sides and the ratio. `shape`: the
     model shape of the parts engines and update (default: SHAPE_SIZES for the device)."""
     from harness.model.cache import cache_dir
-    from harness.model.pipeline import load_policy
+    from harness.rl.build import load_policy
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)

@@ -23,7 +23,7 @@ def check_before_run(sweep: Sweep, train_fn: str | TrainFn | None = None) -> Non
 
 def check_backends(configs: list) -> None:
     """UnavailableError (one line) when a config's rollout.backend needs a package missing here."""
-    from harness.rl.vllm_backend import vllm_problem
+    from harness.rl.engines.vllm import vllm_problem
 
     problem = vllm_problem(configs)
     if problem:

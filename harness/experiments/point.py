@@ -1,13 +1,10 @@
 """Run one point of a sweep in this process: its folder, its lock, its status and summary.
 
-Each point owns results/<sweep>/<point_id>/:
-    config.yaml     the resolved config            summary.json   metrics, status, timings, provenance
-    metrics.jsonl   one row per update              samples.jsonl  sampled episodes
-    status          running | done | failed | diverged | pruned   (written last: the commit marker)
-    traceback.txt   on failure                      events.jsonl   one row per attempt start / end
-    checkpoint/     the trainer's, for resuming     mlflow_run_id  the MLflow run to continue
-A finished point whose files are damaged (analysis.integrity) is `corrupt`: running it again moves
-its files to <point>/.corrupt/<time>/ and starts it from scratch.
+Each point owns results/<sweep>/<point_id>/ (its files are named in harness.store.layout): the
+resolved config, the logs the trainer writes through its RunLogger, summary.json, events.jsonl (one
+row per attempt start / end), traceback.txt on failure, and the status file, written last: the
+commit marker. A finished point whose files are damaged (harness.store.integrity) is `corrupt`:
+running it again moves its files to <point>/.corrupt/<time>/ and starts it from scratch.
 
 Hooks: an exception with a string attribute `point_status` ends a point with that status instead of
 `failed` (harness tune's pruned trials: `pruned`); `RunOptions.tags` are added to the MLflow run's tags.
@@ -24,7 +21,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -33,31 +29,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analysis.integrity import CORRUPT, FINISHED, point_problems
-from analysis.integrity import read_status as _read_status
 from harness.config.errors import Diverged, UnavailableError
 from harness.experiments.loading import dump_config, flatten
 from harness.experiments.provenance import environment
 from harness.experiments.sweep import Point
-from harness.experiments.tracking import (
-    RunLogger,
+from harness.experiments.tracking import RunLogger, config_warnings_recorded
+from harness.store import (
+    ADAPTER,
+    CHECKPOINT,
+    CONFIG,
+    CORRUPT,
+    EVAL_TASKS,
+    EVENTS,
+    FINISHED,
+    METRICS,
+    SAMPLES,
+    SUMMARY,
+    TIMINGS,
+    TRACEBACK,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
-    config_warnings_recorded,
-    file_lock,
+    point_lock,
+    point_problems,
+    quarantine,
     read_jsonl,
+    write_status,
 )
+from harness.store import read_status as _read_status
 
-STATUS, SUMMARY, CONFIG, TRACEBACK, EVENTS, LOCK, QUARANTINE = (
-    "status",
-    "summary.json",
-    "config.yaml",
-    "traceback.txt",
-    "events.jsonl",
-    ".lock",
-    ".corrupt",
-)
 DEFAULT_TRAIN_FN = "harness.rl.trainer:train"
 TrainFn = Callable[..., dict]
 
@@ -137,23 +137,12 @@ def read_status(run_dir: Path) -> str | None:
 
 
 def point_state(run_dir: Path) -> str | None:
-    """read_status, and `corrupt` for a finished point whose files are damaged (analysis.integrity)."""
+    """read_status, and `corrupt` for a finished point whose files are damaged (harness.store.integrity)."""
     return CORRUPT if point_problems(run_dir) else read_status(run_dir)
 
 
 def point_dir(results: Path, sweep_name: str, point: Point) -> Path:
     return Path(results) / sweep_name / point.id
-
-
-def quarantine(run_dir: Path) -> Path:
-    """Move everything a damaged point wrote (but its lock) to <point>/.corrupt/<time>/, so it runs from scratch."""
-    (run_dir / QUARANTINE).mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-")
-    dest = Path(tempfile.mkdtemp(prefix=stamp, dir=run_dir / QUARANTINE))
-    for entry in run_dir.iterdir():
-        if entry.name not in (LOCK, QUARANTINE):
-            shutil.move(str(entry), str(dest / entry.name))
-    return dest
 
 
 # ----------------------------------------------------------------------------- one point
@@ -172,7 +161,7 @@ def _summary(point: Point, sweep: str, status: str, metrics: dict, error: str | 
         "status": status,
         "error": error,
         "metrics": metrics,
-        "updates_logged": len(read_jsonl(run_dir / "metrics.jsonl")),
+        "updates_logged": len(read_jsonl(run_dir / METRICS)),
         "config_hash": point.config_hash,
         "timings": {
             "first_started_at": starts[0]["time"] if starts else run["started"],
@@ -191,9 +180,9 @@ def _start(point: Point, run_dir: Path) -> str:
     if point_state(run_dir) == CORRUPT:
         quarantine(run_dir)
     atomic_write_text(run_dir / CONFIG, dump_config(point.config))
-    atomic_write_text(run_dir / STATUS, "running\n")
+    write_status(run_dir, "running")
     (run_dir / TRACEBACK).unlink(missing_ok=True)
-    resume = (run_dir / "checkpoint").exists()
+    resume = (run_dir / CHECKPOINT).exists()
     append_jsonl(run_dir / EVENTS, [{"event": "start", "time": started, "pid": os.getpid(), "resume": resume}])
     return started
 
@@ -212,7 +201,7 @@ def run_point(
     KeyboardInterrupt propagates after the point is left resumable (status stays `running`)."""
     run_dir = point_dir(opts.results, sweep, point)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(run_dir / LOCK, blocking=wait) as locked:
+    with point_lock(run_dir, blocking=wait) as locked:
         if not locked:
             return {"status": "busy", "wall_s": 0.0, "error": "running in another process"}
         if point_state(run_dir) in FINISHED:
@@ -229,7 +218,7 @@ def run_point(
         if logger is not None:
             logger.close(status)
         append_jsonl(run_dir / EVENTS, [{"event": "end", "time": now_iso(), "status": status}])
-        atomic_write_text(run_dir / STATUS, status + "\n")
+        write_status(run_dir, status)
         out = {"status": status, "wall_s": run["wall_s"], "error": error}
         return {**out, "reused_from": str(donor)} if donor is not None else out
 
@@ -240,7 +229,7 @@ def run_point(
 # So a point finished in another sweep folder of the same results root (the baseline every sweep of
 # one base config shares) is copied instead of trained again. Its cost columns stay the donor's.
 SAME_RUN_KEYS = ("code_version", "packages", "cpu", "accelerator")
-COPIED_LOGS = ("metrics.jsonl", "samples.jsonl", "timings.jsonl", "eval_tasks.jsonl")
+COPIED_LOGS = (METRICS, SAMPLES, TIMINGS, EVAL_TASKS)
 
 
 def find_donor(point: Point, sweep: str, opts: RunOptions) -> Path | None:
@@ -291,10 +280,10 @@ def _reuse(
     source = os.path.relpath(donor, opts.results)
     logger = _point_logger(point, sweep, opts, run_dir, reused_from=source)
     log = {
-        "metrics.jsonl": lambda u, rows: logger.log(u, {k: v for k, v in rows[0].items() if k != "update"}),
-        "samples.jsonl": logger.log_samples,
-        "timings.jsonl": lambda u, rows: logger.log_timings(u, {k: v for k, v in rows[0].items() if k != "update"}),
-        "eval_tasks.jsonl": logger.log_eval_tasks,
+        METRICS: lambda u, rows: logger.log(u, {k: v for k, v in rows[0].items() if k != "update"}),
+        SAMPLES: logger.log_samples,
+        TIMINGS: lambda u, rows: logger.log_timings(u, {k: v for k, v in rows[0].items() if k != "update"}),
+        EVAL_TASKS: logger.log_eval_tasks,
     }
     for name in COPIED_LOGS:
         by_update: dict[int, list[dict]] = {}
@@ -302,8 +291,8 @@ def _reuse(
             by_update.setdefault(int(row["update"]), []).append(row)
         for update, rows in by_update.items():
             log[name](update, rows)
-    if (donor / "adapter").is_dir():
-        shutil.copytree(donor / "adapter", run_dir / "adapter", dirs_exist_ok=True)
+    if (donor / ADAPTER).is_dir():
+        shutil.copytree(donor / ADAPTER, run_dir / ADAPTER, dirs_exist_ok=True)
     append_jsonl(run_dir / EVENTS, [{"event": "reused", "time": now_iso(), "from": source}])
     metrics = dict(json.loads((donor / SUMMARY).read_text()).get("metrics") or {})
     return "done", metrics, None, logger
@@ -312,15 +301,13 @@ def _reuse(
 def _train(
     point: Point, sweep: str, opts: RunOptions, run_dir: Path, progress: Callable[[dict], None] | None
 ) -> tuple[str, dict, str | None, RunLogger | None]:
-    """The trainer on one point: (status, summary metrics, error, the logger to close)."""
-    from harness.rl.seeding import seed_everything
-
+    """The trainer on one point: (status, summary metrics, error, the logger to close). The trainer
+    seeds its process itself (harness.rl.trainer), so the point is not seeded here."""
     logger, diverged = None, (Diverged,)
     try:
         train = resolve_train_fn(opts.train_fn)
         diverged = _diverged_types(train)
         logger = _point_logger(point, sweep, opts, run_dir)
-        seed_everything(point.config.train.seed)
         with config_warnings_recorded(run_dir / EVENTS, point.id):
             metrics = dict(train(point.config, run_dir, logger, progress) or {})
         return "done", metrics, None, logger

@@ -10,9 +10,11 @@ from harness.config.schema import RunConfig
 from harness.model.cache import cache_dir
 from harness.model.pipeline import attach_adapter, base_model, sft_warmup
 from harness.rl import evaluate as evaluation
-from harness.rl.rollout import turn_budget_at
+from harness.rl.demos import Demonstrations
 from harness.rl.trainer import planned_updates
+from harness.rl.turns import turn_budget_at
 from harness.rl.venvs import VenvPool
+from harness.store import ADAPTER
 
 
 class PolicyEvaluator:
@@ -28,16 +30,17 @@ class PolicyEvaluator:
 
         self.cfg = cfg
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        source, info = base_model(point_cfg, cache_dir())
-        source, info = sft_warmup(point_cfg, source, info, cache_dir(), self.device)
+        demos = Demonstrations.of(point_cfg)  # played only if the point's model is not in the cache
+        source, info = base_model(point_cfg, cache_dir(), demos)
+        source, info = sft_warmup(point_cfg, source, info, cache_dir(), self.device, demos)
         if checkpoint == "adapter" and point_cfg.model.finetune == "full":  # the trained weights are the whole model
-            source = str(point / "adapter")
+            source = str(point / ADAPTER)
         self.policy = attach_adapter(point_cfg, source, info, self.device)
         if checkpoint == "adapter" and point_cfg.model.finetune == "lora":
             from peft import set_peft_model_state_dict
             from peft.utils.save_and_load import load_peft_weights
 
-            set_peft_model_state_dict(self.policy.model, load_peft_weights(str(point / "adapter"), device=self.device))
+            set_peft_model_state_dict(self.policy.model, load_peft_weights(str(point / ADAPTER), device=self.device))
         self.policy.model.eval()
         env = make_env(cfg.env.name, cfg.env.options)
         self.instructions, self.markers = env.instructions, env.observation_markers

@@ -4,7 +4,9 @@
     sft_warmup      optional supervised warm-up on expert demonstrations (`sft.demos > 0`)
     attach_adapter  the trainable policy: a LoRA adapter (or all weights), reference, value head
 
-Steps 1 and 2 are content-addressed caches under `cache_dir/models/<hash>/` and
+Steps 1 and 2 learn from the expert's demonstrations, which the caller provides (a `DemoSource`,
+harness.rl.demos: model/ plays no environment) and which are played only on a cache miss.
+Both are content-addressed caches under `cache_dir/models/<hash>/` and
 `cache_dir/sft/<hash>/` (`harness.model.cache`), so all points of a sweep build each once
 (under a file lock) and share it. `load_policy` runs the three steps.
 """
@@ -20,14 +22,15 @@ from harness.model.base import ModelError, model_source_problem
 from harness.model.cache import read_record
 from harness.model.policy import Policy, attach_adapter
 from harness.model.sft import sft_warmup
+from harness.model.supervised import DemoSource
 from harness.model.tiny import tiny_base
 
 
-def base_model(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
+def base_model(cfg: RunConfig, cache_dir: Path, demos: DemoSource) -> tuple[str, dict]:
     """(path or id to load, provenance) of the base model; builds the tiny one if needed."""
     name = cfg.model.name
     if name == "tiny":
-        entry, built = tiny_base(cfg, cache_dir)
+        entry, built = tiny_base(cfg, cache_dir, demos)
         rec = read_record(entry)
         return str(entry.resolve()), {"base": f"tiny:{entry.name}", "base_built": built, "base_info": rec["info"]}
     problem = model_source_problem(name)
@@ -39,8 +42,8 @@ def base_model(cfg: RunConfig, cache_dir: Path) -> tuple[str, dict]:
     return name, {"base": name}
 
 
-def load_policy(cfg: RunConfig, cache_dir: Path, device: torch.device | str) -> Policy:
+def load_policy(cfg: RunConfig, cache_dir: Path, device: torch.device | str, demos: DemoSource) -> Policy:
     """The starting policy of a run: base model -> SFT warm-up -> trainable adapter."""
-    source, info = base_model(cfg, cache_dir)
-    source, info = sft_warmup(cfg, source, info, cache_dir, device)
+    source, info = base_model(cfg, cache_dir, demos)
+    source, info = sft_warmup(cfg, source, info, cache_dir, device, demos)
     return attach_adapter(cfg, source, info, device)

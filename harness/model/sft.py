@@ -1,11 +1,12 @@
 """Step 2 of building a policy: the optional SFT warm-up on expert demonstrations.
 
-`sft_warmup(cfg, source, info, cache_dir, device)` trains the base model at `source` on
-`sft.demos` expert episodes and returns the folder of the warmed-up full model; with
-`sft.demos: 0` it returns `source` unchanged. LoRA fine-tuning trains an adapter (seed
-`SFT_SEED`) and merges it into the weights; full fine-tuning trains all weights. RL starts from
-the result and the reference policy is it. Demonstrations are expert episodes on train seeds the
-tiny model's pre-training did not use, laid out as the configured context policy shows them.
+`sft_warmup(cfg, source, info, cache_dir, device, demos)` trains the base model at `source` on
+`sft.demos` expert episodes (taken from `demos`, a `DemoSource`, only on a cache miss) and returns
+the folder of the warmed-up full model; with `sft.demos: 0` it returns `source` unchanged. LoRA
+fine-tuning trains an adapter (seed `SFT_SEED`) and merges it into the weights; full fine-tuning
+trains all weights. RL starts from the result and the reference policy is it. Demonstrations are
+expert episodes on train seeds the tiny model's pre-training did not use, laid out as the
+configured context policy shows them.
 The result is a content-addressed cache entry under `cache_dir/sft/<hash>/`, shared by every
 point of a sweep whatever its `train.seed`.
 """
@@ -17,19 +18,19 @@ from pathlib import Path
 from harness.config.schema import RunConfig
 from harness.model.base import DTYPES, load_pretrained, wrap_lora
 from harness.model.cache import build_once, code_version, content_hash, read_record
-from harness.model.supervised import collect_demos, sft_train
-from harness.model.tiny import code_key, env_key
+from harness.model.supervised import DemoSource, sft_train
+from harness.model.tiny import code_key
 from harness.transcript.chat import ChatFormat
 
 SFT_SEED = 0  # the warm-up is shared by all points of a sweep, whatever their train.seed
 
 
-def sft_cache_key(cfg: RunConfig, base_info: dict) -> str:
+def sft_cache_key(cfg: RunConfig, base_info: dict, demos: DemoSource) -> str:
     s = cfg.sft
     return content_hash(
         {
             "base": base_info["base"],
-            "env": env_key(cfg),
+            "env": demos.key,
             "finetune": cfg.model.finetune,
             "lora": cfg.model.lora.model_dump() if cfg.model.finetune == "lora" else None,
             "sft": {"demos": s.demos, "epochs": s.epochs, "lr": s.lr, "batch_size": s.batch_size},
@@ -37,7 +38,7 @@ def sft_cache_key(cfg: RunConfig, base_info: dict) -> str:
             "dtype": cfg.model.dtype,
             "seed": SFT_SEED,
             "demo_start": _demo_start(base_info),
-            "code": code_key() + code_version(sft_cache_key),
+            "code": code_key(demos) + code_version(sft_cache_key),
         }
     )
 
@@ -63,7 +64,9 @@ def demo_seeds_used(info: dict) -> int:
     return int(sft[1]) if sft else _demo_start(info)
 
 
-def sft_warmup(cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, device) -> tuple[str, dict]:
+def sft_warmup(
+    cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, device, demos: DemoSource
+) -> tuple[str, dict]:
     """(folder of the model RL starts from, provenance): the cached warm-up, or `source` itself
     when `sft.demos` is 0 (see the module docstring)."""
     if cfg.sft.demos <= 0:
@@ -74,31 +77,32 @@ def sft_warmup(cfg: RunConfig, source: str, base_info: dict, cache_dir: Path, de
         model, tok = load_pretrained(source, DTYPES[cfg.model.dtype])
         model.to(device)
         chat = ChatFormat(tok)
-        demos, used = collect_demos(cfg.env.name, cfg.env.options, cfg.sft.demos, start=start)
+        warmup, used = demos.take(cfg.sft.demos, start=start)
         max_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
         train = wrap_lora(model, cfg.model.lora, SFT_SEED) if cfg.model.finetune == "lora" else model
         s = cfg.sft
+        stage = "SFT warm-up (optimizer steps)"
         metrics = sft_train(
             train,
             chat,
-            demos,
+            warmup,
             s.epochs,
             s.lr,
             s.batch_size,
             SFT_SEED,
             max_len,
             context=cfg.context,
-            stage="SFT warm-up (optimizer steps)",
+            progress=lambda done, total: demos.report(stage, done, total),
         )
         if cfg.model.finetune == "lora":
             model = train.merge_and_unload()
         model.save_pretrained(str(out))
         tok.save_pretrained(str(out))
-        return {"sft": metrics, "demo_seeds": [start, used], "demos": len(demos)}
+        return {"sft": metrics, "demo_seeds": [start, used], "demos": len(warmup)}
 
     entry, built = build_once(
         Path(cache_dir) / "sft",
-        sft_cache_key(cfg, base_info),
+        sft_cache_key(cfg, base_info, demos),
         build,
         meta={"base": base_info["base"], "sft": cfg.sft.model_dump()},
     )

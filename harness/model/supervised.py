@@ -12,6 +12,9 @@ the loss is the mean over the batch's action tokens, computed through the memory
 log-prob path (`harness.model.logprobs`), so only action positions reach the lm_head.
 
 Deterministic on CPU: the shuffling uses its own generator seeded by `seed`.
+
+The demonstrations come from above: the layer that plays environments (harness.rl.demos) hands
+model/ a `DemoSource`, so nothing here imports an environment.
 """
 
 from __future__ import annotations
@@ -20,19 +23,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from envs.demos import expert_episodes
-from envs.registry import env_class
-from envs.stage import report
 from harness.model.logprobs import hidden_states, logprobs_from_hidden
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, shown_observation, system_ids
-
-DEMO_MAX_TURNS = 64  # cap of an expert episode; independent of turns.max so budgets share a cache
 
 
 @dataclass
@@ -70,30 +68,27 @@ def to_demo(ep: Any) -> Demo:
     raise TypeError(f"not a demonstration: {type(ep).__name__}")
 
 
-def collect_demos(
-    env_name: str, options: dict | None, n: int, start: int = 0, max_turns: int = DEMO_MAX_TURNS
-) -> tuple[list[Demo], int]:
-    """`n` won expert episodes on the train seeds from index `start` on, in seed order.
+class DemoSource(Protocol):
+    """The expert's demonstrations of one config's environment, as model/ uses them (built above
+    model/, by harness.rl.demos, and passed down; it plays an episode only when one is taken)."""
 
-    Returns (demos, next_index): the index after the last train seed used, so a later caller can
-    take demonstrations of other tasks. Episodes the expert fails are skipped.
-    """
-    cls = env_class(env_name)
-    demos: list[Demo] = []
-    index = start
-    for _ in range(8):  # at most 8 rounds of refill
-        need = n - len(demos)
-        if need <= 0:
-            break
-        ask = need + max(4, need // 4) if demos else need
-        seeds = cls.demo_seeds(index + ask, options)[index:]
-        for ep in expert_episodes(env_name, options, seeds, max_turns):
-            index += 1
-            if ep.won and not ep.env_error and ep.turns:
-                demos.append(to_demo(ep))
-                if len(demos) == n:
-                    break
-    return demos, index
+    @property
+    def key(self) -> dict:
+        """The environment part of a cache key: its name, options and the source of its classes."""
+
+    @property
+    def code(self) -> str:
+        """Hash of the source that plays the demonstrations (part of a cache key)."""
+
+    def take(self, n: int, start: int = 0) -> tuple[list[Demo], int]:
+        """`n` won expert episodes on the train seeds from index `start` on, in seed order, and the
+        index after the last train seed used (a later caller takes demonstrations of other tasks)."""
+
+    def markers(self) -> list[str]:
+        """Text the environment's observations are built from, for a tokenizer to learn."""
+
+    def report(self, stage: str, done: int, total: int | None = None) -> None:
+        """`done` of `total` units of the set-up step `stage` are finished (progress display)."""
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -197,7 +192,7 @@ def sft_train(
     grad_clip: float = 1.0,
     context=None,
     log: Callable[[dict], None] | None = None,
-    stage: str = "supervised training",
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Train the trainable parameters of `model` on expert demonstrations; return metrics.
 
@@ -205,7 +200,7 @@ def sft_train(
     on action tokens only (see the module docstring). `episodes`: Demos or episodes `to_demo` reads.
     `context`: a ContextConfig to train in the layout that context policy gives (`demo_examples`);
     None = the full concatenated history. `batch_size` counts training sequences. Every optimizer
-    step is reported as progress of `stage` (envs.stage: optimizer steps done / planned).
+    step is reported to `progress(steps done, steps planned)`.
     """
     examples = [x for e in episodes for x in demo_examples(chat, to_demo(e), max_len, context)]
     examples = [x for x in examples if any(x[1])]
@@ -236,7 +231,8 @@ def sft_train(
             sched.step()
             n_act = float(sum(sum(m) for _, m in batch))
             total, count, step = total + loss.detach() * n_act, count + n_act, step + 1
-            report(stage, step, epochs * steps_per_epoch)
+            if progress:
+                progress(step, epochs * steps_per_epoch)
             first_loss = loss.detach() if first_loss is None else first_loss
         epoch_losses.append(float(total) / max(count, 1.0))
         if log:

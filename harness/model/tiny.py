@@ -1,12 +1,13 @@
 """The tiny model family: a small Qwen2-architecture model built from config on this machine.
 
-`tiny_base(cfg, cache_dir)` builds (or finds) the folder of a tiny base model: a byte-level BPE
-tokenizer trained on the environment's text (`harness.model.tokenizer`), a Qwen2ForCausalLM
+`tiny_base(cfg, cache_dir, demos)` builds (or finds) the folder of a tiny base model: a byte-level
+BPE tokenizer trained on the environment's text (`harness.model.tokenizer`), a Qwen2ForCausalLM
 shaped by `model.tiny`, initialised from `model.tiny.init_seed`, then pre-trained by supervised
 learning on `model.tiny.pretrain_demos` expert episodes (full fine-tuning, loss on action
-tokens, `harness.model.supervised`). The folder is a content-addressed cache entry
-(`harness.model.cache`): its key covers the env and its options, `model.tiny` and the source of
-the modules that build it, so every point of a sweep builds it once and shares it.
+tokens, `harness.model.supervised`), taken from `demos` (a `DemoSource`) only on a cache miss.
+The folder is a content-addressed cache entry (`harness.model.cache`): its key covers the env and
+its options, `model.tiny` and the source of the modules that build it (the expert's player
+included), so every point of a sweep builds it once and shares it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from envs import demos as env_demos
-from envs.registry import env_class, validate_options
 from harness.config.schema import RunConfig
 from harness.model import base, logprobs, supervised, tokenizer
 from harness.model.cache import build_once, code_version, content_hash
-from harness.model.supervised import collect_demos, sft_train
+from harness.model.supervised import DemoSource, sft_train
 from harness.model.tokenizer import episode_text, train_tokenizer
 from harness.transcript import chat
 from harness.transcript.chat import ChatFormat, observation_text
@@ -29,23 +28,13 @@ from harness.transcript.chat import ChatFormat, observation_text
 MIN_CORPUS_DEMOS = 64  # expert episodes the tokenizer sees at least, even with no pre-training
 
 
-def env_key(cfg: RunConfig) -> dict:
-    """The environment part of a cache key: name, validated options, source of its classes."""
-    cls = env_class(cfg.env.name)
-    return {
-        "name": cfg.env.name,
-        "options": cls.cache_options(validate_options(cfg.env.name, cfg.env.options)),
-        "code": code_version(cls, *[c for c in cls.__mro__ if c.__module__.startswith("envs.")]),
-    }
+def code_key(demos: DemoSource) -> str:
+    """Hash of the source that turns demonstrations into trained weights, and of the one that plays them."""
+    return code_version(chat, tokenizer, logprobs, supervised, base, code_key) + demos.code
 
 
-def code_key() -> str:
-    """Hash of the source that turns demonstrations into trained weights."""
-    return code_version(chat, tokenizer, logprobs, supervised, base, env_demos, code_key)
-
-
-def tiny_cache_key(cfg: RunConfig) -> str:
-    return content_hash({"env": env_key(cfg), "tiny": cfg.model.tiny.model_dump(), "code": code_key()})
+def tiny_cache_key(cfg: RunConfig, demos: DemoSource) -> str:
+    return content_hash({"env": demos.key, "tiny": cfg.model.tiny.model_dump(), "code": code_key(demos)})
 
 
 def tiny_config(tiny, tok, eot_id: int):
@@ -81,30 +70,31 @@ def init_tiny_model(tiny, tok, seed: int) -> nn.Module:
     return model.float()
 
 
-def _build_tiny(cfg: RunConfig, out: Path) -> dict:
+def _build_tiny(cfg: RunConfig, out: Path, demos: DemoSource) -> dict:
     t = cfg.model.tiny
-    demos, used = collect_demos(cfg.env.name, cfg.env.options, t.pretrain_demos)
-    corpus = list(demos)
+    pretrain, used = demos.take(t.pretrain_demos)
+    corpus = list(pretrain)
     if len(corpus) < MIN_CORPUS_DEMOS:  # text for the tokenizer only
-        corpus += collect_demos(cfg.env.name, cfg.env.options, MIN_CORPUS_DEMOS - len(corpus), start=used)[0]
+        corpus += demos.take(MIN_CORPUS_DEMOS - len(corpus), start=used)[0]
     texts = [
         episode_text(d.instructions, d.observations, d.actions) + observation_text(d.final_observation) for d in corpus
     ]
-    texts += list(env_class(cfg.env.name).markers_for(cfg.env.options))
+    texts += demos.markers()
     tok = train_tokenizer(texts, t.vocab_size, t.max_position)
     model = init_tiny_model(t, tok, t.init_seed)
     metrics = {}
-    if demos and t.pretrain_epochs:
+    if pretrain and t.pretrain_epochs:
+        stage = "pre-training the tiny model (optimizer steps)"
         metrics = sft_train(
             model,
             ChatFormat(tok),
-            demos,
+            pretrain,
             t.pretrain_epochs,
             t.pretrain_lr,
             t.pretrain_batch_size,
             t.init_seed,
             t.max_position,
-            stage="pre-training the tiny model (optimizer steps)",
+            progress=lambda done, total: demos.report(stage, done, total),
         )
     tok.save_pretrained(str(out))
     model.save_pretrained(str(out))
@@ -117,11 +107,11 @@ def _build_tiny(cfg: RunConfig, out: Path) -> dict:
     }
 
 
-def tiny_base(cfg: RunConfig, cache_dir: Path) -> tuple[Path, bool]:
-    """The cached tiny model folder (built on a miss) and whether this call built it."""
+def tiny_base(cfg: RunConfig, cache_dir: Path, demos: DemoSource) -> tuple[Path, bool]:
+    """The cached tiny model folder (built on a miss, from `demos`) and whether this call built it."""
     return build_once(
         Path(cache_dir) / "models",
-        tiny_cache_key(cfg),
-        lambda out: _build_tiny(cfg, out),
+        tiny_cache_key(cfg, demos),
+        lambda out: _build_tiny(cfg, out, demos),
         meta={"env": cfg.env.name, "tiny": cfg.model.tiny.model_dump()},
     )

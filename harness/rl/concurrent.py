@@ -17,43 +17,30 @@ generators of the synchronous loop and the published weights are the learner's.
 Late episodes: a batch is generated whole by the adapter it started with and every episode of it is
 trained, however long it took; nothing is dropped for arriving late.
 
-The rollout process builds its own copy of the policy from the same cache (base model, SFT
-checkpoint) and its own environments; the published adapter weights live in shared memory. It is a
-daemon: it dies with the learner, and `close` stops it.
+The rollout process runs a rollout worker of its own (`harness.rl.worker.RolloutWorker.standalone`:
+its own copy of the policy from the same cache, base model and SFT checkpoint, and its own
+environments) and calls only its public `rollout`; the published adapter weights live in shared
+memory. It is a daemon: it dies with the learner, and `close` stops it.
 """
 
 from __future__ import annotations
 
 import os
 import queue as queue_mod
-import tempfile
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
 from harness.config.schema import RunConfig
-from harness.rl.rollout import turn_budget_at
 from harness.rl.sampler_copy import copy_weights, snapshot, trainable_names
+from harness.rl.turns import turn_budget_at
+from harness.rl.worker import RolloutBatch, RolloutWorker
 
 POLL_S = 0.005  # how often the rollout process checks the learner's version while it waits
-
-
-@dataclass
-class RolloutBatch:
-    """One update's rollouts from the rollout process."""
-
-    update: int
-    version: int  # learner updates applied to the weights that generated it
-    kept: list
-    all_eps: list
-    fstats: dict[str, float]
-    seconds: float
 
 
 @dataclass
@@ -64,7 +51,7 @@ class RolloutFailure:
 class ConcurrentRollout:
     """The learner's side: start the rollout process, take batches, publish weights."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, start: int, last: int, make_worker: Callable):
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, start: int, last: int):
         ctx = mp.get_context("spawn")
         self.names = trainable_names(model)
         self.shared = {n: t.share_memory_() for n, t in snapshot(model, self.names).items()}
@@ -74,7 +61,7 @@ class ConcurrentRollout:
         env = {k: os.environ[k] for k in ("HARNESS_CACHE", "HF_HUB_OFFLINE") if k in os.environ}
         self.proc = ctx.Process(
             target=_rollout_process,
-            args=(make_worker, cfg, self.shared, self.version, self.lock, self.queue, start + 1, last, env),
+            args=(cfg, self.shared, self.version, self.lock, self.queue, start + 1, last, env),
             daemon=True,
         )
         self.proc.start()
@@ -107,31 +94,25 @@ class ConcurrentRollout:
         self.queue.cancel_join_thread()
 
 
-def _rollout_process(
-    make_worker: Callable, cfg, shared, version, lock, out, first: int, last: int, env: dict[str, str]
-) -> None:
-    """Generate batches first..last, each after the learner's version reaches b - 1 - k.
-    `make_worker(cfg, folder)`: an object with `.policy.model`, `._filtered_rollout(update, budget)`
-    and `.close()` (the trainer, harness.rl.trainer.rollout_worker)."""
+def _rollout_process(cfg, shared, version, lock, out, first: int, last: int, env: dict[str, str]) -> None:
+    """Generate batches first..last, each after the learner's version reaches b - 1 - k, with a
+    rollout worker of this process's own (`RolloutWorker.standalone`)."""
     os.environ.update(env)
     try:
         # this process samples with its own model directly: the lag comes from running ahead of the
         # learner, not from the deterministic mode's snapshots
         rollout = cfg.rollout.model_copy(update={"staleness": 0, "concurrent": False})
-        with tempfile.TemporaryDirectory(prefix="harness-rollout-") as folder:
-            worker = make_worker(cfg.model_copy(update={"rollout": rollout}), Path(folder))
-            k = cfg.rollout.staleness
-            params = dict(worker.policy.model.named_parameters())
-            for b in range(first, last + 1):
-                while version.value < b - 1 - k:
-                    time.sleep(POLL_S)
-                with lock:
-                    copy_weights(params, shared, list(shared))
-                    v = int(version.value)
-                t0 = time.time()
-                kept, all_eps, fstats = worker._filtered_rollout(b, turn_budget_at(b - 1, cfg.turns))
-                out.put(RolloutBatch(b, v, kept, all_eps, fstats, time.time() - t0))
-            worker.close()
+        worker = RolloutWorker.standalone(cfg.model_copy(update={"rollout": rollout}))
+        k = cfg.rollout.staleness
+        params = dict(worker.policy.model.named_parameters())
+        for b in range(first, last + 1):
+            while version.value < b - 1 - k:
+                time.sleep(POLL_S)
+            with lock:
+                copy_weights(params, shared, list(shared))
+                v = int(version.value)
+            out.put(replace(worker.rollout(b, turn_budget_at(b - 1, cfg.turns)), version=v))
+        worker.close()
     except Exception:  # noqa: BLE001 - reported to the learner, which raises it
         out.put(RolloutFailure(traceback.format_exc()))
 

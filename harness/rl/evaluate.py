@@ -8,6 +8,7 @@ random numbers (docs/algorithms.md section 9).
 
 `plan(heldout, episodes)` lays the evaluation out: `episodes` sampled episodes cycle through the
 held-out tasks (sample index k = i // len(heldout)); greedy decoding plays each distinct task once.
+`RunEvaluation` is a training run's: the plan of its held-out tasks after each update.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from envs.stage import report
 from harness.config.schema import RunConfig
 from harness.diagnostics.episode_metrics import episode_metrics, final_info, per_env_metrics
 from harness.rl.rollout import collect
+from harness.rl.turns import turn_budget_at
 from harness.transcript.records import Episode
 
 EVAL_STREAM_SALT = 0x5EED_E7A1  # keeps evaluation streams apart from every training stream
@@ -112,6 +114,41 @@ def evaluate(
     return metrics, rows
 
 
+class RunEvaluation:
+    """The held-out evaluation of a training run, with the trainer's policy: `run(update)` plays the plan
+    of the config's held-out tasks at the turn budget update `update` trained with (update u trains at
+    turn_budget_at(u - 1); the evaluation before RL uses the first); the one before RL is cached."""
+
+    def __init__(self, cfg: RunConfig, policy, venv, *, instructions: str, markers: tuple[str, ...], env_of=None):
+        self.cfg, self.policy, self.venv = cfg, policy, venv
+        self.instructions, self.markers, self.env_of = instructions, markers, env_of
+        self.heldout = env_class(cfg.env.name).task_seeds("heldout", cfg.env.heldout_tasks, cfg.env.options)
+
+    def budget(self, update: int) -> int:
+        return turn_budget_at(max(update - 1, 0), self.cfg.turns)
+
+    def run(self, update: int) -> tuple[dict[str, float], list[dict]]:
+        """(eval_<mode>/... metrics, one row per episode) after `update` (0: before RL, from the cache)."""
+        if update == 0:
+            from harness.model.cache import cache_dir
+
+            return cached_start(self.cfg, self.policy.info, cache_dir(), lambda: self._play(0))
+        return self._play(update)
+
+    def _play(self, update: int) -> tuple[dict[str, float], list[dict]]:
+        return evaluate(
+            self.policy,
+            self.cfg,
+            self.venv,
+            plan(self.heldout, self.cfg.train.eval_episodes),
+            update=update,
+            budget=self.budget(update),
+            instructions=self.instructions,
+            markers=self.markers,
+            env_of=self.env_of,
+        )
+
+
 # Config sections and keys that cannot change the evaluation before RL: the algorithm, the
 # training loop (except how many episodes are evaluated and where), logging. The adapter starts as
 # an exact zero update, so every point that shares the rest shares its starting evaluation.
@@ -122,7 +159,8 @@ _TRAIN_KEYS_AT_START = ("eval_episodes", "device")
 def start_key(cfg: RunConfig, policy_info: dict) -> str:
     """Content hash of everything the evaluation before RL depends on."""
     from harness.model.cache import code_version, content_hash
-    from harness.rl import rollout, sampling
+    from harness.rl import rollout, sampling, turns
+    from harness.rl.engines import base, hf, static
     from harness.transcript import chat, context
 
     dump = cfg.model_dump(mode="json")
@@ -142,7 +180,9 @@ def start_key(cfg: RunConfig, policy_info: dict) -> str:
     models = {k: policy_info.get(k) for k in ("base", "sft")}
     # the environment's own source too: a model given by name does not cover it
     envs_code = env_source_classes(cfg.env.name)
-    code = code_version(rollout, sampling, chat, context, episode_metrics, evaluate, start_key, *envs_code)
+    code = code_version(
+        rollout, turns, base, hf, static, sampling, chat, context, episode_metrics, evaluate, start_key, *envs_code
+    )
     return content_hash({"config": dump, "models": models, "code": code})
 
 

@@ -10,7 +10,9 @@ before any rollout (they need the model's tokenizer and the environment's expert
   warning (a short budget can be the question a sweep asks).
 
 Both play the expert in this process with the random states of python, numpy and torch kept, so
-a run's numbers are the same with or without the checks.
+a run's numbers are the same with or without the checks. The train tasks' expert episodes come
+from the run's `Demonstrations` (harness.rl.demos), which the tiny model's pre-training may have
+played already.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 from envs.demos import expert_episodes
 from harness.config.errors import ConfigError, warn
 from harness.config.schema import RunConfig
-from harness.model.supervised import DEMO_MAX_TURNS, Demo, collect_demos
+from harness.model.supervised import Demo
+from harness.rl.demos import DEMO_MAX_TURNS, Demonstrations
 from harness.transcript.chat import ChatFormat
 
 EXPERT_SAMPLE = 16  # tasks the expert plays for each check
@@ -43,11 +46,14 @@ def _random_states_kept() -> Iterator[None]:
             np.random.set_state(npy)
 
 
-def check_fits_env(cfg: RunConfig, chat: ChatFormat, heldout: list[int]) -> None:
+def check_fits_env(
+    cfg: RunConfig, chat: ChatFormat, heldout: list[int], demonstrations: Demonstrations | None = None
+) -> None:
     """ConfigError when rollout.max_new_tokens cannot hold the expert's actions; a warning when
-    the turn budget is below the expert's episode length on held-out tasks (module doc)."""
+    the turn budget is below the expert's episode length on held-out tasks (module doc).
+    `demonstrations`: the run's (None: played here)."""
     with _random_states_kept():
-        demos, _ = collect_demos(cfg.env.name, cfg.env.options, EXPERT_SAMPLE)
+        demos, _ = (demonstrations or Demonstrations.of(cfg)).take(EXPERT_SAMPLE)
         check_action_tokens(cfg, chat, demos)
         episodes = expert_episodes(cfg.env.name, cfg.env.options, heldout[:EXPERT_SAMPLE], DEMO_MAX_TURNS)
         check_turn_budget(cfg, [len(e.turns) for e in episodes if e.won and not e.env_error])

@@ -1,9 +1,11 @@
-"""The rollout engine: B episodes stepped in lock-step with batched generation.
+"""The episode loop: B episodes stepped in lock-step with batched generation.
 
 `collect` plays one episode per task entry and returns one `Episode` per entry, each with one
 `StepRecord` per turn holding the exact sampled ids and the sampler's log-probs. Generation
-is our own loop (not HF `generate`): one forward per generated token for the whole active
-batch; temperature / top-p / greedy / constrained decoding live in `harness.rl.sampling`.
+is our own loop (not HF `generate`, `generate_turn`): one forward per generated token for the whole
+active batch on a KV engine (`harness.rl.engines`: hf, static); temperature / top-p / greedy /
+constrained decoding live in `harness.rl.sampling`. A turn sampler (vLLM, `sample_turn`) samples
+whole turns itself.
 
 Token layout (harness.transcript.chat): turn 0's segment is the prompt, later turns append the
 observation segment. Observations are tokenized once; action text is decoded only to be sent
@@ -14,21 +16,15 @@ to the environment. What the model saw is exactly the recorded ids:
   - window / single: `StepRecord.context_ids` (prefilled from scratch each turn).
   obs_truncate also fills context_ids (the append-only context), for the per-step layout.
 
-Batching with ragged rows (`KVBatch`): every row is a token stream in one shared cache with
-left padding and holes (slots of rows that finished their action while others continued),
-an explicit 4D attention mask (a key is visible when it is real and not in the future; every
-slot sees itself so no softmax row is empty) and explicit position ids (real tokens before the
-slot), so each row computes exactly what a single unpadded forward computes. Holes are
-squeezed out between turns; finished episodes leave the batch.
+Rows are ragged (left padding, holes for rows that finished their action; the KV engine's contract,
+`harness.rl.engines.base`); finished episodes leave the batch between turns.
 
 Rewards: the environment's reward (its format penalty included); `turns.overflow_penalty` is
 subtracted from a turn that hits `rollout.max_new_tokens` without the end-of-turn token, or
 that is the last turn of an episode truncated by the turn budget (AgentRL: exceeding the max
 response length or the max turns); at most once per turn.
 
-ScalingInter-RL (AgentGym-RL): `turn_budget_at(update, cfg.turns)` gives the budget; at the
-last allowed turn `turns.final_turn_note` (default with a curriculum: "Last turn: answer now.")
-is appended to the observation on a new line, asking the agent for its final answer.
+The turn budget and the note on the last allowed turn: `harness.rl.turns` (ScalingInter-RL).
 """
 
 from __future__ import annotations
@@ -37,126 +33,16 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
-from harness.config.schema import RunConfig, TurnsConfig
+from harness.config.schema import RunConfig
+from harness.rl.engines import kv_batch
+from harness.rl.engines.base import KVEngine, TurnOutput
+from harness.rl.engines.hf import KVBatch
 from harness.rl.sampling import ActionTrie, allowed_mask, draw
-from harness.rl.static_kv import attention_layer_types, left_padded, squeeze_order, static_kv_batch
+from harness.rl.turns import final_turn_note
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
 from harness.transcript.records import Episode, StepRecord
-
-DEFAULT_FINAL_TURN_NOTE = "Last turn: answer now."
-
-
-def turn_budget_at(update: int, turns: TurnsConfig) -> int:
-    """ScalingInter-RL budget at `update` (0-based): h_1 < ... < h_N, one step every
-    `curriculum_every` updates, then h_N; `turns.max` without a curriculum."""
-    if not turns.curriculum:
-        return turns.max
-    return turns.curriculum[min(update // turns.curriculum_every, len(turns.curriculum) - 1)]
-
-
-def final_turn_note(turns: TurnsConfig) -> str:
-    """Text appended to the observation of the last allowed turn ('' = none)."""
-    if turns.final_turn_note is not None:
-        return turns.final_turn_note
-    return DEFAULT_FINAL_TURN_NOTE if turns.curriculum else ""
-
-
-# ----------------------------------------------------------------------------- batched KV cache
-class GrowingLayer(DynamicLayer):
-    """A full-attention cache layer in a buffer that doubles when full: appending a token costs
-    O(1) amortised instead of DynamicLayer's O(T) concatenation, so late turns stay cheap."""
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.set(key_states[..., :0, :], value_states[..., :0, :])
-        n, L = self.keys.shape[-2], key_states.shape[-2]
-        if n + L > self._k.shape[-2]:
-            cap = max(n + L, 2 * self._k.shape[-2], 64)
-            k = self._k.new_empty(*key_states.shape[:2], cap, key_states.shape[3])  # (B, H, cap, D)
-            v = self._v.new_empty(*value_states.shape[:2], cap, value_states.shape[3])
-            k[..., :n, :], v[..., :n, :] = self.keys, self.values
-            self._k, self._v = k, v
-        self._k[..., n : n + L, :], self._v[..., n : n + L, :] = key_states, value_states
-        self.keys, self.values = self._k[..., : n + L, :], self._v[..., : n + L, :]
-        return self.keys, self.values
-
-    def set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Replace the contents (after rows were selected or holes squeezed out)."""
-        self._k, self._v, self.keys, self.values = keys, values, keys, values
-
-
-class KVBatch:
-    """Rows of token streams sharing one DynamicCache: left padding, holes, explicit masks."""
-
-    def __init__(self, model, pad_id: int):
-        self.model, self.pad_id = model, pad_id
-        emb = model.get_input_embeddings().weight
-        self.device, self.dtype = emb.device, emb.dtype
-        self.attn = model.config._attn_implementation
-        if self.attn not in ("sdpa", "eager"):
-            raise ValueError(
-                f"the rollout engine needs attn_implementation 'sdpa' or 'eager' (explicit "
-                f"4D masks with holes), got {self.attn!r}"
-            )
-        layer_types = attention_layer_types(model.config)
-        if layer_types is not None:
-            raise ValueError(f"the rollout engine supports full-attention models only, got layer types {layer_types}")
-        self.reset(0)
-
-    def reset(self, rows: int) -> None:
-        self.cache = Cache(layer_class_to_replicate=GrowingLayer)
-        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # (B, T) real slots
-        self.length = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) real tokens
-
-    def _layers(self):
-        return [layer for layer in self.cache.layers if layer.is_initialized]
-
-    def select(self, rows: list[int]) -> None:
-        """Keep `rows` (in this order) and squeeze out holes: real slots move right, padding left."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        mask, self.length = self.mask[idx], self.length[idx]
-        order = squeeze_order(mask, self.length)  # (B, T)
-        self.mask = mask.gather(1, order)  # (B, T)
-        for layer in self._layers():
-            k, v = layer.keys[idx], layer.values[idx]  # (B, H, T_old, D)
-            g = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            layer.set(k.gather(2, g), v.gather(2, g))
-
-    def feed(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        """Append ids (B, L) whose slots are real where `real` (B, L); logits of the last slot (B, V)."""
-        B, L = ids.shape
-        Tc = self.mask.shape[1]
-        keys = torch.cat([self.mask, real], dim=1)  # (B, Tc+L)
-        pos = (self.length[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
-        q = torch.arange(L, device=self.device)[:, None] + Tc  # (L, 1)
-        k = torch.arange(Tc + L, device=self.device)[None, :]  # (1, Tc+L)
-        visible = (keys[:, None, :] & (k <= q)[None]) | (k == q)[None]  # (B, L, Tc+L)
-        visible = visible[:, None]  # (B, 1, L, Tc+L)
-        if self.attn == "eager":
-            visible = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(
-                ~visible, torch.finfo(self.dtype).min
-            )
-        out = self.model(
-            input_ids=ids, attention_mask=visible, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1
-        )
-        self.mask, self.length = keys, self.length + real.long().sum(1)
-        return out.logits[:, -1]
-
-    def prefill(self, new_ids: list[list[int]]) -> torch.Tensor:
-        """Append a ragged list of segments, left-padded; logits after each row's last token."""
-        return self.feed(*left_padded(new_ids, self.pad_id, self.device))
-
-
-def kv_batch(model, pad_id: int, backend: str = "hf"):
-    """The KV engine of `rollout.backend` for `model`: a fresh `KVBatch` (hf), or the model's
-    `StaticKVBatch` (static), kept across calls so its buffers and CUDA graphs are built once."""
-    if backend == "static":
-        return static_kv_batch(model, pad_id)
-    return KVBatch(model, pad_id)
 
 
 # ----------------------------------------------------------------------------- one turn
@@ -166,16 +52,6 @@ def _row_uniforms(generators: list[torch.Generator], active: torch.Tensor) -> to
     for b in active.nonzero().flatten().tolist():
         u[b] = torch.rand((), generator=generators[b], dtype=torch.float64)
     return u
-
-
-@dataclass
-class TurnOutput:
-    ids: list[list[int]]
-    logprobs: list[list[float]]
-    raw_logprobs: list[list[float] | None]  # unconstrained log-probs; None for unconstrained rows
-    overflow: list[bool]
-    allowed: list[list[list[int]] | None] | None = None  # per token, the ids it was drawn from (constrained rows)
-    members: list[int] | None = None  # cross-policy sampling: the pool member of each row (0 = current)
 
 
 @dataclass
@@ -196,7 +72,7 @@ class CrossPolicy:
 
 
 def generate_turn(
-    kv: KVBatch,
+    kv: KVEngine,
     new_ids: list[list[int]],
     tries: list[ActionTrie | None] | None,
     *,
@@ -338,7 +214,7 @@ def collect(
 
     venv: a VectorEnv with exactly len(tasks) environments (`reset(seeds)`, `step(actions)`
     with None for environments whose episode has ended). turn_budget: defaults to turns.max
-    (pass `turn_budget_at(update, cfg.turns)` for the curriculum). reuse_cache=False prefills
+    (pass `harness.rl.turns.turn_budget_at(update, cfg.turns)` for the curriculum). reuse_cache=False prefills
     append-only contexts from scratch every turn (benchmark baseline; same results).
     timings: if a list, one dict per turn is appended (rows, prefill tokens, generated tokens,
     seconds of generation). Deterministic given `generator` on CPU: one stream shared by the batch,

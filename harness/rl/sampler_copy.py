@@ -17,6 +17,11 @@ go into the checkpoint, so a resumed run samples exactly as an uninterrupted one
 
 `rollout.cross_policy` (AgentRL) keeps its stale pool here too (`StalePool`); the weight helpers
 below also serve the concurrent rollout's hand-off (harness.rl.concurrent).
+
+This module belongs to the rollout worker (harness.rl.worker), not to the engines (harness.rl.engines):
+it decides *which weights* a rollout samples with (the trainer's current ones, a cast copy, a
+snapshot k updates old, a stale pool member), a question of the run's schedule that any engine
+(hf, static) then runs unchanged. The engines only decide *how* a given model computes a turn.
 """
 
 from __future__ import annotations

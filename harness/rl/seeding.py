@@ -1,9 +1,18 @@
-"""One seed drives python, numpy and torch (environments and sampling take it from the config)."""
+"""One seed drives python, numpy and torch (environments and sampling take it from the config).
+
+A run's process is seeded once, when it starts (`start_process`): the trainer's process by
+`harness.rl.trainer.Trainer`, the concurrent rollout process by `harness.rl.worker.RolloutWorker.standalone`
+(a spawned process inherits nothing). Every random stream of the loop is derived from
+(train.seed, update, ...) by `stream`, so it does not depend on what ran before it.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+
+import numpy as np
+import torch
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
@@ -15,9 +24,6 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
     """
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)  # for child processes; this one's hash seed is fixed
-    import numpy as np
-    import torch
-
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
@@ -25,3 +31,18 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
+
+
+def start_process(seed: int, threads: int = 0) -> None:
+    """The start of a process that runs part of a run: seed everything from `seed` (train.seed) and
+    use `threads` CPU threads (train.threads; 0 = torch's default)."""
+    seed_everything(seed)
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def stream(seed: int, *salt: int) -> torch.Generator:
+    """A torch generator seeded from (seed, *salt), e.g. (train.seed, update, round)."""
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, *salt]).generate_state(1)[0]))
+    return g

@@ -105,12 +105,16 @@ def test_bad_mixtures_name_the_key(env, words):
 
 def test_every_weighting_shares_the_checkpoint():
     from harness.model.tiny import tiny_cache_key
+    from harness.rl.demos import Demonstrations
+
+    def cfg_key(cfg):
+        return tiny_cache_key(cfg, Demonstrations.of(cfg))
 
     def key(w):
-        return tiny_cache_key(validate_run_config({"env": {"mixture": [FL, {**SOK, "weight": w}]}}, "t.yaml"))
+        return cfg_key(validate_run_config({"env": {"mixture": [FL, {**SOK, "weight": w}]}}, "t.yaml"))
 
     assert key(0.0) == key(1.0) == key(3.0)
-    assert key(1.0) != tiny_cache_key(
+    assert key(1.0) != cfg_key(
         validate_run_config({"env": {"mixture": [FL, {**SOK, "options": {"size": 7}}]}}, "t.yaml")
     )
 
@@ -152,9 +156,9 @@ def test_training_on_a_mixture_end_to_end(tmp_path):
     cfg = validate_run_config(raw, "t.yaml")
     t = Trainer(cfg, tmp_path / "t", RunLogger(tmp_path / "log"))
     try:
-        seeds = t._train_tasks(1, 0)
+        seeds = t.worker.train_tasks(1, 0)
         assert [Mixture.decode(s, cfg.env.options)[0] for s in seeds] == [0, 1]
-        eps = t._rollout(seeds, 3, greedy=False, budget=3, generator=torch.Generator().manual_seed(1))
+        eps = t.worker.episodes(seeds, 3, greedy=False, budget=3, generator=torch.Generator().manual_seed(1))
         chat = t.policy.chat
         for e in eps:
             m = Mixture.decode(e.task_seed, cfg.env.options)[0]
@@ -163,7 +167,7 @@ def test_training_on_a_mixture_end_to_end(tmp_path):
             assert chat.tokenizer.decode(e.steps[0].obs_ids).startswith(
                 f"<|im_start|>system\n{member.instructions}<|im_end|>"
             )
-        batch = t.training_batch(eps)
+        batch = t.learner.training_batch(eps)
         assert len(set(batch.task.tolist())) == 2 and len(set(batch.env.tolist())) == 2
     finally:
         t.close()

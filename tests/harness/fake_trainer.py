@@ -19,7 +19,7 @@ from pathlib import Path
 from pause import pause_point
 
 from harness.config.errors import Diverged
-from harness.experiments.tracking import append_jsonl, atomic_write_json
+from harness.store import append_jsonl, atomic_write_json
 
 CALLS = "fake_calls.jsonl"
 

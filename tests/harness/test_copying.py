@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.model.copying import copy_probe, is_copied, main
-from harness.model.supervised import collect_demos
+from harness.model.copying import is_copied
 from harness.model.tiny import init_tiny_model
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.rl.copying import copy_probe, main
+from harness.rl.demos import collect_demos
 from tests.harness.test_models import small_cfg
 
 

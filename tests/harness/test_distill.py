@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from harness.config.schema import RunConfig
-from harness.experiments.tracking import read_jsonl
 from harness.rl.behaviour import behaviour_forward
 from harness.rl.distill import HINT_PREFIX, distill_gap, hinted_context, teacher_stream
 from harness.rl.judge import RuleJudge, judge_episodes
+from harness.store import read_jsonl
 from harness.transcript.chat import IM_END, IM_START
 from tests.harness import baseline_run
 from tests.harness.test_invariance import _merge, _perturb
@@ -53,7 +53,7 @@ def test_teacher_log_probs_land_on_the_action_tokens(env, layout):
     cfg.algo.distill.hint = "none"
     t = env.trainer(cfg)
     eps = _episodes(env, cfg)
-    batch = t.training_batch(eps, cfg)
+    batch = t.learner.training_batch(eps, cfg)
     _perturb(t.policy, 4)  # the adapter away from the reference, so the two teachers differ
     fwd = behaviour_forward(t.policy, batch, cfg)
     Ts = batch.stream_mask.shape[1]
@@ -87,7 +87,7 @@ def test_hindsight_keeps_only_the_turns_the_judge_gave_a_hint(env):
         assert not any(s.judge.get("hint") for e in eps for s in e.steps if s.judge["vote"] == 0)
         for e in eps[::2]:  # as a step that changed nothing: no hint
             e.steps[0].judge.pop("hint", None)
-        batch = t.training_batch(eps, cfg)
+        batch = t.learner.training_batch(eps, cfg)
         teacher = teacher_stream(t.policy.reference, t.policy.chat, eps, cfg, batch.stream_mask.shape[1])
         hinted = [s.judge.get("hint") is not None for e in eps for s in e.steps]
         assert any(hinted) and not all(hinted)

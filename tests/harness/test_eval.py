@@ -9,8 +9,8 @@ import pytest
 from harness.cli.main import main
 from harness.experiments.evaluation import EvalRequest, run_eval
 from harness.experiments.loading import dump_config
-from harness.experiments.tracking import read_jsonl
 from harness.rl.evaluate import episode_stream, plan
+from harness.store import read_jsonl
 from tests.harness.test_trainer import cfg_with, run
 
 

@@ -61,8 +61,9 @@ def test_gpu_recipes_run_with_a_local_model_folder(tmp_path, env):
     from harness.experiments.loading import load_run_config
     from harness.model.cache import cache_dir
     from harness.model.tiny import tiny_base
+    from harness.rl.demos import Demonstrations
 
-    folder, _ = tiny_base(cfg_with(), cache_dir())
+    folder, _ = tiny_base(cfg_with(), cache_dir(), Demonstrations.of(cfg_with()))
     overrides = {
         "model.name": str(folder),
         "model.dtype": "float32",

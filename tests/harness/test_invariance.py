@@ -186,8 +186,8 @@ class Env:
             self.trainers[key] = Trainer(cfg, self.root / f"run{int(key)}", RunLogger(self.root / f"log{int(key)}"))
             t = self.trainers[key]
             t.initial = {n: p.detach().clone() for n, p in t.policy.model.named_parameters() if p.requires_grad}
-            self.episodes[key] = t._rollout(
-                t._train_tasks(1, 0),
+            self.episodes[key] = t.worker.episodes(
+                t.worker.train_tasks(1, 0),
                 cfg.rollout.group_size,
                 greedy=False,
                 budget=cfg.turns.max,
@@ -214,7 +214,7 @@ class Env:
         except EmptyBatchError:
             return None
         kept = [e for e, k in zip(eps, res.keep.tolist()) if k]
-        return t.training_batch(kept, cfg)
+        return t.learner.training_batch(kept, cfg)
 
 
 def _grads(policy) -> torch.Tensor:

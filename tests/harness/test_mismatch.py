@@ -113,10 +113,10 @@ class Rollouts:
             cfg = validate_run_config(_merge(BASE, {"rollout": {"sampler_dtype": dtype}}), "test")
             t = Trainer(cfg, self.root / dtype, RunLogger(self.root / f"log-{dtype}"))
             t.initial = {n: p.detach().clone() for n, p in t.policy.model.named_parameters() if p.requires_grad}
-            eps = t._rollout(
-                t._train_tasks(1, 0), 3, greedy=False, budget=3, generator=torch.Generator().manual_seed(7)
+            eps = t.worker.episodes(
+                t.worker.train_tasks(1, 0), 3, greedy=False, budget=3, generator=torch.Generator().manual_seed(7)
             )
-            self.trainers[dtype] = (t, t.training_batch([e for e in eps if e.steps]))
+            self.trainers[dtype] = (t, t.learner.training_batch([e for e in eps if e.steps]))
         t, batch = self.trainers[dtype]
         with torch.no_grad():
             for n, p in t.policy.model.named_parameters():
@@ -143,7 +143,7 @@ def test_a_bf16_sampler_makes_the_mismatch_diagnostics_non_zero(rollouts):
         deltas[dtype] = (fwd.old_logp - batch.sampler_logp)[m].abs().max().item()
         metrics = run_update(t.policy, make_optimizer(t.policy, cfg), batch, cfg, torch.Generator().manual_seed(0))
         if dtype == "bfloat16":
-            assert t.sampler.dtype == torch.bfloat16 and next(t.policy.model.parameters()).dtype == torch.float32
+            assert t.worker.sampler.dtype == torch.bfloat16 and next(t.policy.model.parameters()).dtype == torch.float32
             assert metrics["diag/mismatch_k3"] > 1e-7 and abs(metrics["diag/mismatch_k1"]) > 1e-6
             assert metrics["diag/mismatch_chi2"] != 0.0 and metrics["diag/mismatch_ess"] < 1.0
             assert metrics["diag/mismatch_delta_p0_1"] < 0.0 < metrics["diag/mismatch_delta_p99_9"]

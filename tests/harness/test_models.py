@@ -14,10 +14,10 @@ import harness.model.tiny as tiny_family
 from harness.config.errors import ConfigError
 from harness.config.schema import RunConfig
 from harness.model.base import ModelError
-from harness.model.pipeline import load_policy
-from harness.model.supervised import collect_demos
 from harness.model.tiny import init_tiny_model
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.rl.build import load_policy
+from harness.rl.demos import Demonstrations, collect_demos
 
 
 def small_cfg(**over) -> RunConfig:
@@ -101,8 +101,9 @@ def test_build_cache_hit_and_determinism(tmp_path, monkeypatch):
     s3 = p3.model.state_dict()
     assert all(torch.equal(s1[k], s3[k]) for k in s1)
     other = small_cfg(**{"model.tiny.pretrain_demos": 8})
-    assert tiny_family.tiny_cache_key(other) != tiny_family.tiny_cache_key(cfg)
-    assert tiny_family.tiny_cache_key(small_cfg(**{"train.seed": 9})) == tiny_family.tiny_cache_key(cfg)
+    demos = Demonstrations.of(cfg)  # the same environment for the three configs
+    assert tiny_family.tiny_cache_key(other, demos) != tiny_family.tiny_cache_key(cfg, demos)
+    assert tiny_family.tiny_cache_key(small_cfg(**{"train.seed": 9}), demos) == tiny_family.tiny_cache_key(cfg, demos)
 
 
 @pytest.fixture(scope="module")
@@ -305,15 +306,15 @@ def test_skip_demo_tasks_starts_rl_after_the_demonstrations(tmp_path, monkeypatc
             used = info["sft_info"]["demo_seeds"][1]
             assert used > 12
         demo_seeds = set(train[:used])
-        assert on.task_offset == used and off.task_offset == 0
+        assert on.worker.task_offset == used and off.worker.task_offset == 0
         k = on.cfg.rollout.tasks_per_update
-        assert on._train_tasks(0, 0) == train[used : used + k] and off._train_tasks(0, 0) == train[:k]
-        assert not demo_seeds & {s for u in range(5) for s in on._train_tasks(u, 0)}
+        assert on.worker.train_tasks(0, 0) == train[used : used + k] and off.worker.train_tasks(0, 0) == train[:k]
+        assert not demo_seeds & {s for u in range(5) for s in on.worker.train_tasks(u, 0)}
         on.close(), off.close()
     pool = Trainer(
         small_cfg(**{"env.skip_demo_tasks": True, "env.train_tasks": 5}), tmp_path / "p", RunLogger(tmp_path / "lp")
     )
-    assert pool.train_pool == train[12:17]
+    assert pool.worker.train_pool == train[12:17]
     pool.close()
 
 

@@ -18,12 +18,12 @@ from harness.config.errors import ConfigError, ConfigWarning
 from harness.config.schema import RunConfig
 from harness.experiments.runner import RunOptions, run_point
 from harness.experiments.sweep import Point, point_id
-from harness.experiments.tracking import read_jsonl
 from harness.model.base import load_pretrained
 from harness.model.cache import cache_dir
-from harness.model.supervised import DEMO_MAX_TURNS, collect_demos
 from harness.model.tiny import tiny_base
+from harness.rl.demos import DEMO_MAX_TURNS, Demonstrations, collect_demos
 from harness.rl.preflight import EXPERT_SAMPLE, check_fits_env
+from harness.store import read_jsonl
 from harness.transcript.chat import ChatFormat
 
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
@@ -43,7 +43,7 @@ def config(env: str, **sections) -> RunConfig:
 
 
 def chat_of(cfg: RunConfig) -> ChatFormat:
-    folder, _ = tiny_base(cfg, cache_dir())
+    folder, _ = tiny_base(cfg, cache_dir(), Demonstrations.of(cfg))
     return ChatFormat(load_pretrained(str(folder), torch.float32)[1])
 
 

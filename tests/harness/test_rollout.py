@@ -12,7 +12,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from envs.base import Env, ParsedAction, StepResult
 from harness.config.schema import RunConfig
-from harness.rl.rollout import collect, turn_budget_at
+from harness.rl.rollout import collect
+from harness.rl.turns import turn_budget_at
 from harness.transcript.chat import EOS, IM_END, SPECIAL_TOKENS, TRUNCATED, ChatFormat
 
 CORPUS = [

@@ -11,7 +11,6 @@ from harness.config.schema import ContextConfig, RunConfig
 from harness.model.supervised import (
     action_loss,
     collate,
-    collect_demos,
     demo_examples,
     encode_demo,
     length_batches,
@@ -19,6 +18,7 @@ from harness.model.supervised import (
 )
 from harness.model.tiny import init_tiny_model
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.rl.demos import collect_demos
 from harness.transcript.chat import ChatFormat
 from harness.transcript.context import build_context, system_ids
 
@@ -157,7 +157,7 @@ def greedy_success(policy, cfg: RunConfig, n: int = 200, greedy: bool = True) ->
 
 @pytest.mark.slow
 def test_default_tiny_model_solves_heldout_frozenlake(tmp_path):
-    from harness.model.pipeline import load_policy
+    from harness.rl.build import load_policy
 
     cfg = RunConfig()
     policy = load_policy(cfg, tmp_path, "cpu")

@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from harness.rl import static_kv
-from harness.rl.rollout import KVBatch, kv_batch
-from harness.rl.static_kv import StaticKVBatch, static_kv_batch
+from harness.rl.engines import kv_batch
+from harness.rl.engines import static as static_kv
+from harness.rl.engines.hf import KVBatch
+from harness.rl.engines.static import StaticKVBatch, static_kv_batch
 from tests.harness.test_rollout import (
     TASKS,
     TINY_SHAPE,

@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from harness.model.supervised import collect_demos
 from harness.model.tokenizer import episode_text, train_tokenizer
+from harness.rl.demos import collect_demos
 from harness.transcript.chat import EOS, IM_END, IM_START, TOOL_CALL, TOOL_CALL_END, ChatFormat
 
 

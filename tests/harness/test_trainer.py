@@ -90,7 +90,7 @@ def test_tiny_run_writes_rows_summary_adapter_and_diagnostics(tmp_path):
     from peft import PeftModel
 
     from harness.model.cache import cache_dir
-    from harness.model.pipeline import load_policy
+    from harness.rl.build import load_policy
 
     base = load_policy(cfg_with(), cache_dir(), "cpu")
     loaded = PeftModel.from_pretrained(base.model.get_base_model(), tmp_path / "a" / "adapter")

@@ -16,6 +16,7 @@ from harness.model.logprobs import token_logprobs
 from harness.model.pipeline import attach_adapter, base_model
 from harness.rl.batch import build_batch, state_id
 from harness.rl.behaviour import advantages, behaviour_forward
+from harness.rl.demos import Demonstrations
 from harness.rl.losses import Denominators, loss_terms
 from harness.rl.update import make_optimizer, run_update
 from tests.harness.test_invariance import BASE, _perturb, raw_config
@@ -149,7 +150,7 @@ def test_behaviour_reference_and_value_passes_run_in_eval_mode(env):
 def _dropout_policy(cfg: RunConfig):
     from harness.model.cache import cache_dir
 
-    source, info = base_model(cfg, cache_dir())
+    source, info = base_model(cfg, cache_dir(), Demonstrations.of(cfg))
     return attach_adapter(cfg, source, info, "cpu")
 
 
@@ -158,11 +159,11 @@ def test_task_and_env_ids_reach_the_batch(env, monkeypatch):
     t = env.trainer(cfg)
     _perturb(t.policy, 5)  # KL in the reward makes every advantage non-zero
     eps = [e for e in env.episodes[False] if e.steps]
-    batch = t.training_batch(eps, cfg)
+    batch = t.learner.training_batch(eps, cfg)
     assert set(batch.task.tolist()) == {state_id("frozenlake/frozenlake")}
     assert set(batch.env.tolist()) == {state_id("frozenlake")}
-    monkeypatch.setattr(t.env, "task_type", lambda seed: f"kind{seed % 2}")  # an env with two task kinds
-    batch = t.training_batch(eps, cfg)
+    monkeypatch.setattr(t.worker.env, "task_type", lambda seed: f"kind{seed % 2}")  # an env with two task kinds
+    batch = t.learner.training_batch(eps, cfg)
     assert len(set(batch.task.tolist())) == 2
     fwd = behaviour_forward(t.policy, batch, cfg)
     by_task = advantages(batch, fwd, cfg)[0]

@@ -22,7 +22,7 @@ import torch
 from harness.config.errors import UnavailableError
 from harness.config.schema import vllm_backend_problem
 from harness.experiments.loading import load_run_config
-from harness.rl.vllm_backend import (
+from harness.rl.engines.vllm import (
     MISSING,
     SEED_HIGH,
     VLLMSampler,
@@ -126,9 +126,10 @@ def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:
 def test_engine_tokens_logprobs_and_adapter_swap(vllm_module):
     from harness.model.cache import cache_dir
     from harness.model.pipeline import attach_adapter, base_model
+    from harness.rl.demos import Demonstrations
 
     cfg = load_run_config(TINY, GPU_OVERRIDES)
-    source, info = base_model(cfg, cache_dir())
+    source, info = base_model(cfg, cache_dir(), Demonstrations.of(cfg))
     policy = attach_adapter(cfg, source, info, "cuda")
     engine = VLLMSampler(cfg, source, "cuda")
     prompt = policy.chat.prompt("Reach the goal.", "S F F\nF H F\nF F G")

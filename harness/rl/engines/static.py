@@ -1,12 +1,12 @@
 """The static KV engine of the rollout (`rollout.backend: static`): our sampler on a preallocated
 KV cache, with fused attention and, on a GPU, CUDA graphs for the decode step.
 
-`KVBatch` (harness.rl.rollout) runs the model's own forward over a growing cache with an explicit
+`KVBatch` (harness.rl.engines.hf) runs the model's own forward over a growing cache with an explicit
 (B, 1, L, T) float mask. That is exact and fine on a CPU, but on a GPU a decode step of a small
 model is bound by per-kernel launch overhead (HF `generate` spends about 80 ms a step whatever the
-model size; issue 18's table). This engine keeps the same contract (`reset`, `select`, `feed`,
-`prefill`: left padding, holes for rows that finished their action, positions counted over real
-tokens only, every slot sees itself) and computes the same logits, but:
+model size; issue 18's table). This engine keeps the same contract (`harness.rl.engines.base.KVEngine`:
+`reset`, `select`, `feed`, `prefill`: left padding, holes for rows that finished their action,
+positions counted over real tokens only, every slot sees itself) and computes the same logits, but:
 
 - the cache is one preallocated buffer per K and V, (layers, rows, kv heads, slots, head dim),
   grown by doubling only when a turn does not fit (which drops the captured graphs);
@@ -40,6 +40,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from harness.rl.engines.base import attention_layer_types, left_padded, squeeze_order
+
 SUPPORTED = ("qwen2", "qwen3", "llama")
 SLOT_BUCKET = 256  # attended slots of a captured decode step round up to a multiple of this
 MIN_SLOTS = 256  # slots allocated at least; the buffer doubles when a turn does not fit
@@ -53,34 +55,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, H, L, D); cos, sin (B, L, D): the rotary embedding as HF's Qwen2 / Llama apply it."""
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
-def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged segments as (B, L) ids left-padded with pad_id, and (B, L) bool: the real slots."""
-    L = max(len(x) for x in rows)
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    real = torch.zeros(len(rows), L, dtype=torch.bool)
-    for b, x in enumerate(rows):
-        ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
-        real[b, L - len(x) :] = True
-    return ids.to(device), real.to(device)
-
-
-def attention_layer_types(config) -> list[str] | None:
-    """The model's attention layer types when any is not full attention (sliding windows); None
-    when every layer attends to the whole context, the only kind both KV engines support."""
-    types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"} or getattr(config, "use_sliding_window", False):
-        return sorted(types)
-    return None
-
-
-def squeeze_order(mask: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-    """For each row of `mask` (B, T_old, True = real slot), the slots to keep so that its real
-    tokens end up right-aligned in (B, max length): a stable sort puts the holes first and the
-    real slots after them in their order, and the last max-length slots are kept."""
-    T = int(length.max()) if len(length) else 0
-    return torch.sort(mask.to(torch.int8), dim=1, stable=True).indices[:, mask.shape[1] - T :]
 
 
 def _bucket_rows(n: int) -> int:

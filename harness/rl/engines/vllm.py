@@ -1,9 +1,10 @@
 """`rollout.backend: vllm`: vLLM's engine samples the training rollouts with the trainer's LoRA adapter.
 
-`VLLMSampler` is an external engine for `harness.rl.rollout.collect` (it has `sample_turn`): each
-turn, every live row's whole context goes in as token ids and one action per row comes back as
-`TurnOutput`. The trainer (harness.rl.trainer) wakes it, gives it the current adapter and puts it
-back to sleep around every training rollout (`awake`), so the update has the GPU memory.
+`VLLMSampler` is a turn sampler for `harness.rl.rollout.collect` (`harness.rl.engines.base.TurnSampler`:
+it has `sample_turn`): each turn, every live row's whole context goes in as token ids and one action
+per row comes back as `TurnOutput`. The rollout worker (harness.rl.worker) wakes it, gives it the
+current adapter and puts it back to sleep around every training rollout (`awake`), so the update has
+the GPU memory.
 
 vLLM's public offline API used here (docs.vllm.ai: "Offline Inference", "LoRA Adapters",
 "Sleep Mode", and the API reference of vllm.LLM, vllm.SamplingParams, vllm.inputs.TokensPrompt,
@@ -63,7 +64,7 @@ import torch
 
 from harness.config.errors import UnavailableError
 from harness.config.schema import RunConfig
-from harness.rl.rollout import TurnOutput
+from harness.rl.engines.base import TurnOutput
 
 MISSING = "rollout.backend vllm needs the vllm package (pip install vllm on a CUDA machine); it is not installed here"
 # share of the GPU memory free when the engine starts that vLLM may take; the rest stays the trainer's
