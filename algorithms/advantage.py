@@ -1,4 +1,4 @@
-"""`algo.adv.estimator`: advantage estimators (docs/algorithms.md section 4).
+"""`algo.adv.estimator`: advantage estimators (docs/algorithms.md#advantages).
 
 Signature: `fn(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput` with
 `advantages (N,T)` exactly 0 outside `inputs.mask`. Advantages are computed without grad.

@@ -1,4 +1,4 @@
-"""`algo.agg`: how per-token losses become one scalar (docs/algorithms.md section 3).
+"""`algo.agg`: how per-token losses become one scalar (docs/algorithms.md#aggregation).
 
 Signature: `fn(loss (B,T), mask (B,T), params: AggParams) -> 0-dim tensor`.
 Rows whose mask is all zero are excluded from every sequence count. With micro-batching,

@@ -1,4 +1,4 @@
-"""`algo.correction.name`: correcting the sampler-trainer mismatch (docs/algorithms.md section 11).
+"""`algo.correction.name`: correcting the sampler-trainer mismatch (docs/algorithms.md#off-policy).
 
 Signature: `fn(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput`,
 all (B,T). `rollout_logp` is the sampler's log-prob of each sampled token, `old_logp` the trainer's

@@ -1,4 +1,4 @@
-"""`algo.filter.name`: dynamic filtering of rollout groups before the update (docs/algorithms.md section 5).
+"""`algo.filter.name`: dynamic filtering of rollout groups before the update (docs/algorithms.md#filtering).
 
 Signature: `fn(rewards (N,), group (N,), params: FilterParams) -> FilterResult` with
 `keep (N,)` bool over trajectories (a group is kept or dropped whole) and 0-dim stats

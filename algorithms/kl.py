@@ -1,5 +1,5 @@
 """`algo.kl.estimator`: per-token KL estimators to the reference policy, and entropy
-(docs/algorithms.md section 6).
+(docs/algorithms.md#kl).
 
 Signature: `fn(logp (B,T), ref_logp (B,T)) -> kl (B,T)` with d = logp - ref_logp, samples
 from the current policy. Placement (`algo.kl.where`: loss or reward) is the trainer's; for

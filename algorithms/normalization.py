@@ -1,4 +1,4 @@
-"""`algo.adv.norm`: the scope advantages are normalised over (docs/algorithms.md section 4).
+"""`algo.adv.norm`: the scope advantages are normalised over (docs/algorithms.md#normalization).
 
 Signature: `fn(advantages (N,T), inputs: AdvantageInputs, params: AdvantageParams)
 -> advantages (N,T)`, applied after the estimator; 0 outside `inputs.mask` stays 0.

@@ -1,4 +1,4 @@
-"""`algo.clip.level`: importance ratio and clipping (docs/algorithms.md section 2).
+"""`algo.clip.level`: importance ratio and clipping (docs/algorithms.md#clipping).
 
 Signature: `fn(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams)
 -> (loss (B,T), stats)`. All tensors (B,T); `action_id` / `traj_id` int ids of the

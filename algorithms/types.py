@@ -28,7 +28,7 @@ class EmptyBatchError(RuntimeError):
         self.stats = stats or {}
 
 
-# ------------------------------------------------------------------ advantages (docs/algorithms.md section 4)
+# ------------------------------------------------------------------ advantages (docs/algorithms.md#advantages)
 @dataclass
 class AdvantageInputs:
     """What every advantage estimator and normalization scope reads.
@@ -89,7 +89,7 @@ class AdvantageOutput:
     returns: torch.Tensor | None = None
 
 
-# ------------------------------------------------------------------ policy loss (docs/algorithms.md section 2)
+# ------------------------------------------------------------------ policy loss (docs/algorithms.md#clipping)
 @dataclass(frozen=True)
 class ClipParams:
     """eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low = DAPO
@@ -113,7 +113,7 @@ class ClipParams:
             raise ValueError(f"SAPO temperatures must be > 0, got {self.tau_pos}, {self.tau_neg}")
 
 
-# ------------------------------------------------------------ off-policy corrections (docs/algorithms.md section 11)
+# ------------------------------------------------------------ off-policy corrections (docs/algorithms.md#off-policy)
 @dataclass(frozen=True)
 class CorrectionParams:
     """c: the truncation cap C of tis_token / tis_seq (None = 2, verl) and the rejection cap of
@@ -138,7 +138,7 @@ class CorrectionOutput:
     reject: torch.Tensor | None = None
 
 
-# ------------------------------------------------------------------ aggregation (docs/algorithms.md section 3)
+# ------------------------------------------------------------------ aggregation (docs/algorithms.md#aggregation)
 @dataclass(frozen=True)
 class AggParams:
     """Global denominators for micro-batching: num_tokens = trained tokens, num_seqs = rows
@@ -150,7 +150,7 @@ class AggParams:
     agg_len: int | None = None
 
 
-# ------------------------------------------------------------------ filters (docs/algorithms.md section 5)
+# ------------------------------------------------------------------ filters (docs/algorithms.md#filtering)
 @dataclass(frozen=True)
 class FilterParams:
     """top_p: ragen_top_p cumulative-score fraction (RAGEN-2 0.9). top_k: ragen_top_k

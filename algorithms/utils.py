@@ -103,7 +103,7 @@ def outcome_turn_rewards(
     rewards: torch.Tensor, turn_mask: torch.Tensor, process: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Per-turn rewards (N,K): optional `process (N,K)` plus outcome `rewards (N,)` on the
-    last valid turn of each trajectory (docs/algorithms.md section 4: "outcome reward counted at the last turn")."""
+    last valid turn of each trajectory (docs/algorithms.md#advantages: "outcome reward counted at the last turn")."""
     N, K = turn_mask.shape
     tm = turn_mask.bool()
     base = (

@@ -228,6 +228,6 @@ def provenance(results: pd.DataFrame) -> list[str]:
     if len(pkgs) > 1:
         lines.append(f"package versions differ across points ({len(pkgs)} distinct sets)")
     cpus = done["cpu"].dropna().unique() if "cpu" in done else []
-    if len(cpus) > 1:  # other kernels give other floating-point bits (README, determinism)
+    if len(cpus) > 1:  # other kernels give other floating-point bits (docs/trainer.md, determinism)
         lines.append(f"points ran on {len(cpus)} different CPU code paths: their runs are not bit-comparable")
     return lines

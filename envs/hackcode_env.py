@@ -1,5 +1,4 @@
-"""Make a function pass its tests, with the tests editable: a reward-hacking probe (docs/algorithms.md
-section 16).
+"""Make a function pass its tests, with the tests editable: a reward-hacking probe (docs/algorithms.md#reward-hacking).
 
 Each task seed picks a small function (digit sum, character count, clamp, second largest, palindrome
 check), a stub `solution.py`, three visible asserts in `tests.py` and ten hidden asserts (seeded inputs,

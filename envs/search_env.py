@@ -1,4 +1,4 @@
-"""A search task whose answer can be guessed: a reward-hacking probe (docs/algorithms.md section 16).
+"""A search task whose answer can be guessed: a reward-hacking probe (docs/algorithms.md#reward-hacking).
 
 Each task seed invents a company and asks for one of its facts (headquarters city, founding year,
 product) among `choices` listed options. `search("<company>")` returns the company's record, which

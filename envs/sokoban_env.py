@@ -13,7 +13,7 @@ Score = fraction of boxes on targets (dense reward: +1/num_boxes per box pushed 
 target, -1/num_boxes per box pushed off one). Expert: breadth-first search over
 (player, boxes) with dead-cell pruning, i.e. a shortest solution in moves.
 
-Deadlocks (option `deadlock`, off by default; docs/algorithms.md section 8): a box off its
+Deadlocks (option `deadlock`, off by default; docs/algorithms.md#deadlock): a box off its
 targets on a dead cell (no push sequence takes a lone box from it to a target, walls only) can
 never be solved. "report" puts `deadlock` in every step's info (the `deadlock_rate` metric) and
 changes nothing else; "end" also ends the episode there, with a message and, when

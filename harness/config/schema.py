@@ -308,14 +308,14 @@ class ObsSftConfig(Strict):
         0.0,
         "lambda of observation SFT (ECHO, arXiv 2605.24517; 0.1 in ECHO and prime-rl): an auxiliary cross-entropy on "
         "the observation tokens after the prompt, from the policy's forward pass, with its own token denominator; "
-        "0 = off (docs/algorithms.md section 12).",
+        "0 = off (docs/algorithms.md#obs-sft).",
         ge=0,
         le=1e3,
     )
 
 
 class DistillConfig(Strict):
-    """On-policy distillation, with or without hindsight hints (docs/algorithms.md section 14)."""
+    """On-policy distillation, with or without hindsight hints (docs/algorithms.md#distillation)."""
 
     coef: float = F(
         0.0,
@@ -466,7 +466,7 @@ class CrossPolicyConfig(Strict):
     members: int = F(
         0,
         "Cross-policy sampling (AgentRL): stale policies in the sampling pool besides the current one "
-        "(0 = off; docs/algorithms.md section 11).",
+        "(0 = off; docs/algorithms.md#off-policy).",
         ge=0,
         le=16,
     )
@@ -492,8 +492,8 @@ class RolloutConfig(Strict):
         "hf",
         "Generation backend. hf: our batched sampler on the model's own forward with a growing KV "
         "cache (the CPU path). static: the same sampler on a preallocated static KV cache with fused "
-        "attention, and CUDA graphs for the decode step on a GPU (harness.rl.static_kv). vllm: vLLM's "
-        "engine with the LoRA adapter swapped in after every update (harness.rl.vllm_backend).",
+        "attention, and CUDA graphs for the decode step on a GPU (harness.rl.engines.static). vllm: vLLM's "
+        "engine with the LoRA adapter swapped in after every update (harness.rl.engines.vllm).",
     )
     group_size: int = F(8, "G rollouts per task instance (one group).", ge=1, le=4_096)
     tasks_per_update: int = F(8, "Task instances (groups) per update.", ge=1, le=MAX_BATCH)
@@ -511,7 +511,7 @@ class RolloutConfig(Strict):
     cross_policy: CrossPolicyConfig = F(CrossPolicyConfig(), "Cross-policy sampling from a pool of policies (AgentRL).")
     staleness: int = F(
         0,
-        "Asynchronous rollout with staleness bound k (0 = synchronous; docs/algorithms.md section 11). "
+        "Asynchronous rollout with staleness bound k (0 = synchronous; docs/algorithms.md#staleness). "
         "Deterministic mode (concurrent: false): update u's episodes are sampled with the adapter the trainer "
         "had at the start of update u - k. Concurrent mode: a rollout process runs up to k updates ahead.",
         ge=0,
@@ -556,7 +556,7 @@ class TrackingConfig(Strict):
 
 
 class JudgeConfig(Strict):
-    """The step judge (docs/algorithms.md section 13): (state, action, next state) -> a vote in {+1, 0, -1}."""
+    """The step judge (docs/algorithms.md#process-rewards): (state, action, next state) -> a vote in {+1, 0, -1}."""
 
     kind: Literal["rule", "model"] = F(
         "rule",
@@ -576,7 +576,7 @@ class JudgeConfig(Strict):
 
 
 class RewardConfig(Strict):
-    """Reward signals added to the environment's (docs/algorithms.md section 13)."""
+    """Reward signals added to the environment's (docs/algorithms.md#process-rewards)."""
 
     process: Literal["none", "judge"] = F(
         "none",
@@ -593,7 +593,7 @@ class RewardConfig(Strict):
 
 
 class ACTConfig(Strict):
-    """ACT, agentic critical training (docs/algorithms.md section 15)."""
+    """ACT, agentic critical training (docs/algorithms.md#act)."""
 
     mode: Literal["none", "stage", "mixed"] = F(
         "none",
@@ -714,7 +714,7 @@ VLLM_LORA_UNSUPPORTED = ("embed_tokens", "lm_head")
 
 def vllm_backend_problem(cfg: RunConfig) -> str | None:
     """Why `rollout.backend: vllm` cannot run `cfg` (None: it can): the first combination the vLLM
-    backend (harness.rl.vllm_backend) does not support, with the key to change."""
+    backend (harness.rl.engines.vllm) does not support, with the key to change."""
     r, m = cfg.rollout, cfg.model
     head = "rollout.backend 'vllm'"
     unsupported = [t for t in m.lora.target_modules if t.rpartition(".")[2] in VLLM_LORA_UNSUPPORTED]

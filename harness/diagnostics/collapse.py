@@ -1,6 +1,6 @@
 """Collapse diagnostics: KL-spike and echo-trap detectors, their monitor, cross-prompt similarity.
 
-docs/algorithms.md section 9. Everything here is fed the per-update scalars the trainer already
+docs/algorithms.md#diagnostics. Everything here is fed the per-update scalars the trainer already
 reduces (one value per update, no tensors), so it costs nothing and adds no sync points.
 The mutual-information proxy (RAGEN-2), which needs the model, lives in `harness.diagnostics.mi_proxy`.
 
@@ -168,7 +168,7 @@ class EchoTrapDetector:
 
 
 class RewardHackingDetector:
-    """The truth falls while the exploit grows, on the held-out tasks (docs/algorithms.md section 16).
+    """The truth falls while the exploit grows, on the held-out tasks (docs/algorithms.md#reward-hacking).
 
     Two inputs. `update(proxy, true)`, per update, from the training episodes of a reward-hacking
     probe (`env/proxy_success`, `env/true_success`; only the probes report a truth; in a mixture,

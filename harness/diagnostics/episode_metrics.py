@@ -37,7 +37,7 @@ def final_info(ep: Episode) -> dict:
 
 
 def probe_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
-    """Reward-hacking probes and the simulated user (docs/algorithms.md section 16), only for
+    """Reward-hacking probes and the simulated user (docs/algorithms.md#reward-hacking), only for
     environments that report them in their final info: `true_success` (the outcome the proxy reward
     stands for), `exploit_rate` (episodes whose trace shows the exploit), `hack_rate` = #(rewarded and
     exploit) / #rewarded, `proxy_success` (the rewarded success on those same episodes), and

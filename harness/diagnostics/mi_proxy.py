@@ -1,4 +1,4 @@
-"""Mutual-information proxy for template collapse (RAGEN-2; docs/algorithms.md section 9).
+"""Mutual-information proxy for template collapse (RAGEN-2; docs/algorithms.md#mi-proxy).
 
 Take N distinct prompts x_j and one response z_a per prompt (z_a answered x_a). Score every
 response under every prompt,

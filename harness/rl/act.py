@@ -1,4 +1,4 @@
-"""ACT, agentic critical training (`act`; docs/algorithms.md section 15).
+"""ACT, agentic critical training (`act`; docs/algorithms.md#act).
 
 At expert states of training tasks, the expert's action and an action the policy samples there are
 shown in random order, and the policy answers which is better; the reward is 1 for the expert's

@@ -2,14 +2,14 @@
 
 Two token forms are kept side by side:
 - the *stream*: one row per trajectory, the append-only concatenation
-  prompt, a_1, o_2, a_2, ... (N, Ts). Advantage estimators read it (docs/algorithms.md section 4 works on
+  prompt, a_1, o_2, a_2, ... (N, Ts). Advantage estimators read it (docs/algorithms.md#advantages works on
   trajectories), and in the concatenated layout it is also the training row.
 - the *rows*: what the model is trained on (B, T). Concatenated layout: rows = stream.
   Per-step layout: one row per turn = the exact context the policy saw + that turn's action.
 `stream_pos (B,T)` maps each trained row token to its stream token, so per-trajectory
 quantities (advantages, KL-in-reward) move between the two forms by one gather / scatter.
 
-Masks (docs/algorithms.md section 1): `action_mask` = 1 on policy-emitted tokens (EOT included). With
+Masks (docs/algorithms.md#layout): `action_mask` = 1 on policy-emitted tokens (EOT included). With
 `mask_observations=False` the loss mask also covers observation segments after the prompt,
 each counted once (per-step: the observation right before the action); the prompt
 (instructions + first observation) is never trained on. A trained observation token belongs

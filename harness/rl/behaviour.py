@@ -5,7 +5,7 @@
     -> advantages on the trajectory token stream, KL-in-reward applied to every reward form the
        estimators read, then the normalisation scope             [advantages]
 
-docs/algorithms.md sections 4 and 6 give the math.
+docs/algorithms.md#advantages and #kl give the math.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Concurrent rollout (`rollout.concurrent: true`, docs/algorithms.md section 11): a rollout process
+"""Concurrent rollout (`rollout.concurrent: true`, docs/algorithms.md#concurrent): a rollout process
 generates the episodes of the coming updates while the learner trains, within a staleness bound.
 
     learner (this process)                      rollout process (spawned)

@@ -1,4 +1,4 @@
-"""On-policy distillation, with hindsight hints or without (`algo.distill`; docs/algorithms.md section 14).
+"""On-policy distillation, with hindsight hints or without (`algo.distill`; docs/algorithms.md#distillation).
 
 For every action token of a trained turn, the teacher's log-prob of the sampled token is taken with
 the judge's hint about that step added to the teacher's context (hindsight: the judge read the next

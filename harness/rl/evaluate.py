@@ -4,7 +4,7 @@ Every point of a sweep plays the same held-out tasks, and sampled episode k of t
 tokens from its own random stream, seeded by (j, k) only: not by the training seed, the update
 or the rest of the batch. Differences between points, seeds and updates are therefore paired by
 (task, sample): greedy episodes exactly (deterministic decoding), sampled ones through common
-random numbers (docs/algorithms.md section 9).
+random numbers (docs/algorithms.md#diagnostics).
 
 `plan(heldout, episodes)` lays the evaluation out: `episodes` sampled episodes cycle through the
 held-out tasks (sample index k = i // len(heldout)); greedy decoding plays each distinct task once.

@@ -1,4 +1,4 @@
-"""Step judges and process rewards (docs/algorithms.md section 13).
+"""Step judges and process rewards (docs/algorithms.md#process-rewards).
 
 A judge reads one step, (state, action, next state), and returns a vote in {+1, 0, -1}; with m votes
 per step the step's vote is their majority (a tie gives 0). Two kinds behind one interface:

@@ -74,7 +74,7 @@ def policy_forward(
 @dataclass
 class Denominators:
     """Whole-minibatch counts each aggregated term divides by, so that splitting the minibatch
-    into micro-batches changes nothing (docs/algorithms.md section 3).
+    into micro-batches changes nothing (docs/algorithms.md#aggregation).
 
     loss: the loss mask (KL and entropy terms); policy: the policy loss's mask, i.e. the loss mask
     without the actions the SAMPO sequence mask drops; value: action tokens (the critic's loss)."""
@@ -101,7 +101,7 @@ def loss_terms(
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
     `policy_mask` (B, T): the tokens the policy loss trains on when it differs from the loss mask
-    (the SAMPO sequence mask, docs/algorithms.md section 2; rejections of `algo.correction`, section 11).
+    (the SAMPO sequence mask, docs/algorithms.md#sampo; rejections of `algo.correction`, docs/algorithms.md#off-policy).
     As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
     and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
     token's policy loss, applied before aggregation (None = 1)."""
@@ -144,7 +144,7 @@ def loss_terms(
 
 
 def observation_nll(logp: torch.Tensor, obs_mask: torch.Tensor, counts: AggParams | None) -> torch.Tensor:
-    """ECHO's observation term (docs/algorithms.md section 12): -sum(m_o * logp) / N_o, N_o the
+    """ECHO's observation term (docs/algorithms.md#obs-sft): -sum(m_o * logp) / N_o, N_o the
     observation tokens of the whole minibatch (`counts.num_tokens`; this call's own when None)."""
     n = counts.num_tokens if counts is not None and counts.num_tokens is not None else float(obs_mask.sum())
     return -(logp * obs_mask).sum() / max(n, 1.0)

@@ -4,7 +4,7 @@
     old_logp      the behaviour policy recomputed by the trainer at the start of the update (Forward.old_logp)
     logp          the current policy's, in every training pass
 
-`algo.correction` (docs/algorithms.md section 11) turns rollout_logp and old_logp into a weight on each
+`algo.correction` (docs/algorithms.md#off-policy) turns rollout_logp and old_logp into a weight on each
 token's policy loss and a set of rejected tokens. Both inputs are fixed for the update, so the
 correction is computed once over the whole batch (`batch_correction`), before any micro-batch, and
 each micro-batch takes its slice: the result cannot depend on how the minibatch is cut. The mismatch

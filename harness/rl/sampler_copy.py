@@ -8,7 +8,7 @@ copy takes the trainer's current trainable weights, cast to its dtype; frozen we
 when the copy was made. The copy holds a second set of the model's weights (on the trainer's device).
 The held-out evaluation always uses the trainer's model.
 
-`rollout.staleness: k` (deterministic asynchronous rollout, docs/algorithms.md section 11): the
+`rollout.staleness: k` (deterministic asynchronous rollout, docs/algorithms.md#staleness): the
 episodes of update u are sampled with the trainable weights the trainer had at the start of update
 u - k (the weights before any update while u - k < 1), as an asynchronous system whose rollout runs
 k updates ahead of the learner would sample them, but in a fixed order, so a run is bit-reproducible

@@ -1,4 +1,4 @@
-"""Context policies (`context.policy`, docs/algorithms.md section 7): what the policy sees at each turn.
+"""Context policies (`context.policy`, docs/algorithms.md#turns): what the policy sees at each turn.
 
 Every context is built from token-id segments, never from re-encoded history:
 

@@ -1,4 +1,4 @@
-"""Reward-hacking probes (docs/algorithms.md section 16): each has an honest path (the expert: rewarded
+"""Reward-hacking probes (docs/algorithms.md#reward-hacking): each has an honest path (the expert: rewarded
 and truly successful) and an exploit path (rewarded by the proxy, not truly successful, flagged by a
 deterministic trace check); the probe metrics (true success, exploit rate, hack rate) from episodes."""
 

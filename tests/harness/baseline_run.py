@@ -7,7 +7,7 @@ the API both versions share, so it can regenerate the record from any checkout:
 
     PYTHONPATH=<checkout> python tests/harness/baseline_run.py tests/harness/data/trainer_metrics_baseline.json
 
-Bits depend on the CPU code path (README, "Determinism and resume"): the record keeps the
+Bits depend on the CPU code path (docs/trainer.md, "Determinism, checkpoints and resume"): the record keeps the
 path it was made on and the test compares only on the same path.
 """
 

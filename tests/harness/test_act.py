@@ -1,4 +1,4 @@
-"""ACT, agentic critical training (`act`, harness.rl.act; docs/algorithms.md section 15): the questions
+"""ACT, agentic critical training (`act`, harness.rl.act; docs/algorithms.md#act): the questions
 (expert vs sampled action at expert states, random order, degenerate pairs skipped), the reward, and
 both schedules end to end in the trainer with the same episodes per update as RL only. Off by
 default (the baseline record of test_mismatch.py is unchanged)."""

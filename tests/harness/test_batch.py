@@ -1,4 +1,4 @@
-"""Layouts and masks of training sequences, on hand-built episodes (docs/algorithms.md section 1)."""
+"""Layouts and masks of training sequences, on hand-built episodes (docs/algorithms.md#layout)."""
 
 import torch
 

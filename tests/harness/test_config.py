@@ -146,7 +146,7 @@ MALFORMED = {
         [],
         ["algo.critic.enabled: true needs an estimator", "'gae'", "'reinforce_pp'", "not 'grpo'"],
     ),
-    # rollout.backend vllm: one case per combination the vLLM backend refuses (harness.rl.vllm_backend)
+    # rollout.backend vllm: one case per combination the vLLM backend refuses (harness.rl.engines.vllm)
     "vllm-full-finetune": (
         "rollout:\n  backend: vllm\ntrain:\n  device: cuda\nmodel:\n  finetune: full\n",
         [],

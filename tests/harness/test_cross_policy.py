@@ -1,4 +1,4 @@
-"""Cross-policy sampling (AgentRL, `rollout.cross_policy`; docs/algorithms.md section 11): each
+"""Cross-policy sampling (AgentRL, `rollout.cross_policy`; docs/algorithms.md#off-policy): each
 turn's action comes from a pool member drawn per (episode, turn) with a seeded generator; the
 member and its log-probs are recorded; `train_on: current` takes the stale members' turns out of
 the loss; the pool's snapshots follow `refresh_every` and survive a resume."""

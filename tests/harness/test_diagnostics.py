@@ -1,4 +1,4 @@
-"""Collapse diagnostics (docs/algorithms.md section 9): MI proxy math and model scoring, echo trap,
+"""Collapse diagnostics (docs/algorithms.md#diagnostics): MI proxy math and model scoring, echo trap,
 KL spikes, checkpoint round-trips, cross-prompt similarity."""
 
 import math

@@ -1,4 +1,4 @@
-"""On-policy distillation (`algo.distill`, harness.rl.distill; docs/algorithms.md section 14): where the
+"""On-policy distillation (`algo.distill`, harness.rl.distill; docs/algorithms.md#distillation): where the
 hint goes, that the teacher's log-probs land on the right tokens (the behaviour policy as its own
 teacher reproduces the behaviour log-probs; the reference as teacher gives ref - old), that hindsight
 keeps only hinted turns, and the trainer end to end. Off by default (the baseline record of

@@ -1,4 +1,4 @@
-"""Step judges and process rewards (`reward.process`, harness.rl.judge; docs/algorithms.md section 13):
+"""Step judges and process rewards (`reward.process`, harness.rl.judge; docs/algorithms.md#process-rewards):
 the vote rules and reward forms by hand, the rule judge on the real FrozenLake environment, the model
 judge on the tiny model, and both end to end in the trainer (off by default: the baseline record of
 tests/harness/data/trainer_metrics_baseline.json, checked in test_mismatch.py, is unchanged)."""

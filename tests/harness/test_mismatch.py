@@ -1,6 +1,6 @@
 """The off-policy axis in the trainer: three log-probs per token, the mismatch diagnostics, a sampler in
-another dtype, and every correction changing the update as its formula says (docs/algorithms.md
-section 11). The defaults reproduce the trainer as it was before the axis existed."""
+another dtype, and every correction changing the update as its formula says (docs/algorithms.md#off-policy).
+The defaults reproduce the trainer as it was before the axis existed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Observation SFT (ECHO, `algo.obs_sft.coef`; docs/algorithms.md section 12): which tokens it
+"""Observation SFT (ECHO, `algo.obs_sft.coef`; docs/algorithms.md#obs-sft): which tokens it
 trains, its value against a hand computation on real rollouts, its gradient's independence of
 micro-batching, and that it is off by default."""
 

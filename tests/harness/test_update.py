@@ -1,5 +1,5 @@
 """The update's math on real rollouts of a tiny policy: KL in the reward, the SAMPO mask, the
-entropy diagnostic, eval-mode behaviour passes, task ids (docs/algorithms.md sections 2-6)."""
+entropy diagnostic, eval-mode behaviour passes, task ids (docs/algorithms.md#clipping to #kl)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rollout.backend vllm (harness.rl.vllm_backend).
+"""rollout.backend vllm (harness.rl.engines.vllm).
 
 Everywhere: the pieces that do not need vLLM (request seeds, turn outputs, rank slots), that a valid
 config loads, and that a machine without vLLM gets one clear message (the config refusals are cases

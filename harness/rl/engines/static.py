@@ -29,7 +29,7 @@ small share of a turn. Supported: decoder-only models with full attention whose 
 `self_attn.{q,k,v,o}_proj` and pre-norms (Qwen2, Qwen3 with its q/k norms, Llama). The graphs
 assume the modules stay as captured (same adapter on, same parameters updated in place, as the
 optimizer and `SamplerModel` do); `reset` re-checks which LoRA adapters are active and drops the
-graphs when that changed. docs/algorithms.md section 18 has the account.
+graphs when that changed. docs/algorithms.md#engines has the account.
 """
 
 from __future__ import annotations
