@@ -110,7 +110,8 @@ def test_holm_by_hand():
 
 def test_the_verdict_rule():
     tight_positive = grid_interval(np.full((3, 1), 0.1) + np.array([[0.0], [0.01], [-0.01]]))
-    assert verdict(tight_positive, True) == "better" and verdict(tight_positive, True, higher_is_better=False) == "worse"
+    assert verdict(tight_positive, True) == "better"
+    assert verdict(tight_positive, True, higher_is_better=False) == "worse"
     near_zero = grid_interval(np.array([[0.001], [-0.002], [0.0015], [0.0], [-0.001]]))
     assert verdict(near_zero, False, margin=DEFAULT_MARGIN) == "equivalent"
     wide = grid_interval(np.array([[0.2], [-0.2], [0.05]]))
