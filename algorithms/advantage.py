@@ -12,7 +12,7 @@ import torch
 
 from .registry import Registry
 from .types import AdvantageFn, AdvantageInputs, AdvantageOutput, AdvantageParams
-from .utils import group_stats, masked_sum, masked_whiten, turn_rewards_to_tokens
+from .utils import STD_EPS, group_stats, masked_sum, masked_whiten, turn_rewards_to_tokens
 
 ADVANTAGE: Registry[AdvantageFn] = Registry("algo.adv.estimator", "advantage estimator")
 
@@ -79,7 +79,7 @@ def grpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """A_i = (R_i - mean_g R) / (std_g R + eps), std with n - 1, broadcast -> (N,T)."""
     R = inputs.rewards.float()
     mean, std, _ = group_baseline(R, inputs.group)
-    return AdvantageOutput(broadcast((R - mean) / (std + params.eps), inputs.mask))
+    return AdvantageOutput(broadcast((R - mean) / (std + STD_EPS), inputs.mask))
 
 
 @ADVANTAGE.register("dr_grpo", doc="R - group mean (no std division)", source="Dr.GRPO (Liu et al. 2025)")
@@ -119,7 +119,7 @@ def reinforce_pp(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageO
     """
     r = token_rewards(inputs)
     ret = discounted_chain(r, torch.zeros_like(r), inputs.mask, params.gamma, 1.0)
-    adv = masked_whiten(ret, inputs.mask, params.whiten_eps)
+    adv = masked_whiten(ret, inputs.mask)
     return AdvantageOutput(adv, ret)
 
 
@@ -133,7 +133,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, params: AdvantageParams) -> A
     """score_i = sum_k r_{i,k} (trained tokens); A = masked_whiten(score_i - mean_g). (N,T)."""
     score = masked_sum(token_rewards(inputs), inputs.mask, dim=1)  # (N,)
     mean, _, _ = group_baseline(score, inputs.group)
-    adv = masked_whiten(broadcast(score - mean, inputs.mask), inputs.mask, params.whiten_eps)
+    adv = masked_whiten(broadcast(score - mean, inputs.mask), inputs.mask)
     return AdvantageOutput(adv)
 
 

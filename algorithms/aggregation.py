@@ -8,6 +8,8 @@ micro-batch results then equals the full-batch result exactly, for every value.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .registry import Registry
@@ -17,10 +19,10 @@ from .utils import masked_sum
 AGGREGATION: Registry[AggregationFn] = Registry("algo.agg", "loss aggregation over tokens and sequences")
 
 
-def global_counts(mask: torch.Tensor) -> AggParams:
-    """Counts of a whole mini-batch `mask (B,T)` to pass to each of its micro-batches."""
+def global_counts(mask: torch.Tensor, params: AggParams) -> AggParams:
+    """`params` with the counts of a whole mini-batch `mask (B,T)`, to pass to each of its micro-batches."""
     m = mask.bool()
-    return AggParams(num_tokens=float(m.sum()), num_seqs=float(m.any(1).sum()))
+    return replace(params, num_tokens=float(m.sum()), num_seqs=float(m.any(1).sum()))
 
 
 def _denominator(local: torch.Tensor, given) -> torch.Tensor:
@@ -31,7 +33,7 @@ def _denominator(local: torch.Tensor, given) -> torch.Tensor:
 @AGGREGATION.register(
     "token-mean", doc="sum(L*M) / sum(M) over the whole mini-batch", source="DAPO (Yu et al. 2025); verl agg_loss"
 )
-def token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParams = AggParams()):
+def token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParams):
     """loss, mask (B,T) -> (). Every trained token weighs the same."""
     n = mask.bool().sum().to(loss.dtype)
     return masked_sum(loss, mask) / _denominator(n, params.num_tokens)
@@ -42,7 +44,7 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParams = AggPa
     doc="mean over rows of each row's token mean",
     source="GRPO (Shao et al. 2024); verl agg_loss",
 )
-def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParams = AggParams()):
+def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParams):
     """loss, mask (B,T) -> (). Every row weighs the same, whatever its length."""
     tokens = mask.bool().sum(1).to(loss.dtype)  # (B,)
     row = masked_sum(loss, mask, dim=1) / tokens.clamp(min=1)  # (B,) 0 for empty rows
@@ -50,7 +52,7 @@ def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, params: AggParam
 
 
 @AGGREGATION.register("seq-mean-token-sum", doc="mean over rows of each row's token sum", source="verl agg_loss")
-def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, params: AggParams = AggParams()):
+def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, params: AggParams):
     """loss, mask (B,T) -> (). Longer rows weigh more."""
     tokens = mask.bool().sum(1)
     return masked_sum(loss, mask) / _denominator((tokens > 0).sum().to(loss.dtype), params.num_seqs)
@@ -61,13 +63,8 @@ def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, params: AggParams
     doc="sum(L*M) / (B * agg_len), agg_len a fixed config length (Dr.GRPO)",
     source="Dr.GRPO (Liu et al. 2025); TRL loss_type=dr_grpo",
 )
-def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, params: AggParams = AggParams()):
+def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, params: AggParams):
     """loss, mask (B,T) -> (). Divides by B * agg_len as TRL does (B = non-empty rows);
     verl divides by agg_len only, a constant factor B apart. Never the batch's own max."""
-    if params.agg_len is None or params.agg_len <= 0:
-        raise ValueError(
-            "algo.agg seq-mean-token-sum-norm needs a positive agg_len "
-            "(the fixed max response length), got " + repr(params.agg_len)
-        )
     rows = (mask.bool().sum(1) > 0).sum().to(loss.dtype)
     return masked_sum(loss, mask) / (_denominator(rows, params.num_seqs) * params.agg_len)

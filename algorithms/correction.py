@@ -3,7 +3,7 @@
 Signature: `fn(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput`,
 all (B,T). `rollout_logp` is the sampler's log-prob of each sampled token, `old_logp` the trainer's
 recomputation of the behaviour policy; `delta = old_logp - rollout_logp` on the masked (sampled) tokens,
-0 elsewhere, and `rho = exp(delta)` (log-ratios clamped to +-`params.log_ratio_clamp` before exp, as
+0 elsewhere, and `rho = exp(delta)` (log-ratios clamped to +-`LOG_RATIO_CLAMP` before exp, as
 verl). A correction returns a detached weight on each token's policy loss and/or the tokens it
 rejects. Sequence-level corrections give every position of a sequence (`seq_id`, -1 = none) that
 sequence's weight or rejection, so trained observation tokens follow their sequence; token-level
@@ -25,6 +25,7 @@ CORRECTION: Registry[CorrectionFn] = Registry(
     "algo.correction.name", "off-policy correction of the sampler-behaviour mismatch"
 )
 
+LOG_RATIO_CLAMP = 20.0  # |old_logp - rollout_logp| (and its sequence sum) clamped before exp (verl)
 TIS_CAP = 2.0  # tis_token / tis_seq truncation C: verl rollout_is_threshold, TRL's first default, SkyRL
 # default (lo, hi) band of each band correction: verl rollout_rs_threshold 2 with lower 1/2 (mis_*),
 # OpenRLHF is_correction_threshold (icepop), SkyRL geometric mask (geo_seq_mask)
@@ -61,8 +62,8 @@ def check_params(name: str, params: CorrectionParams) -> None:
             )
 
 
-def _rho(delta: torch.Tensor, params: CorrectionParams) -> torch.Tensor:
-    return torch.exp(delta.clamp(-params.log_ratio_clamp, params.log_ratio_clamp))
+def _rho(delta: torch.Tensor) -> torch.Tensor:
+    return torch.exp(delta.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def _per_sequence(delta: torch.Tensor, mask: torch.Tensor, seq_id: torch.Tensor):
@@ -101,7 +102,7 @@ def no_correction(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams
 def tis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
     """weight (B,T) = min(rho_t, C) on sampled tokens, 1 elsewhere."""
     c = TIS_CAP if params.c is None else params.c
-    rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
+    rho = _rho(log_ratio(rollout_logp, old_logp, mask))
     return CorrectionOutput(weight=_token_weight(mask, rho.clamp(max=c)))
 
 
@@ -114,7 +115,7 @@ def tis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> C
     """weight (B,T) = min(exp(sum of delta over the sequence), C) on every position of the sequence."""
     c = TIS_CAP if params.c is None else params.c
     total, _ = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
-    return CorrectionOutput(weight=_rho(total, params).clamp(max=c).detach())
+    return CorrectionOutput(weight=_rho(total).clamp(max=c).detach())
 
 
 @CORRECTION.register(
@@ -125,7 +126,7 @@ def tis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> C
 def mis_token(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> CorrectionOutput:
     """reject (B,T): sampled tokens with rho_t < lo or rho_t > hi."""
     lo, hi = band("mis_token", params)
-    rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
+    rho = _rho(log_ratio(rollout_logp, old_logp, mask))
     return CorrectionOutput(reject=mask.bool() & ((rho < lo) | (rho > hi)))
 
 
@@ -138,7 +139,7 @@ def mis_seq(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> C
     """reject (B,T): every position of a sequence whose exp(sum of delta) is outside [lo, hi]."""
     lo, hi = band("mis_seq", params)
     total, _ = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
-    ratio = _rho(total, params)
+    ratio = _rho(total)
     return CorrectionOutput(reject=(seq_id >= 0) & ((ratio < lo) | (ratio > hi)))
 
 
@@ -151,7 +152,7 @@ def icepop(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) -> Co
     """weight (B,T) = rho_t inside [lo, hi], 0 outside, on sampled tokens; 1 elsewhere. Nothing rejected:
     a zero weight keeps the token in the denominators (OpenRLHF)."""
     lo, hi = band("icepop", params)
-    rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
+    rho = _rho(log_ratio(rollout_logp, old_logp, mask))
     inside = (rho >= lo) & (rho <= hi)
     return CorrectionOutput(weight=_token_weight(mask, torch.where(inside, rho, torch.zeros_like(rho))))
 
@@ -165,7 +166,7 @@ def geo_seq_mask(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams)
     """reject (B,T): every position of a sequence whose geometric-mean ratio is outside [lo, hi]."""
     lo, hi = band("geo_seq_mask", params)
     total, count = _per_sequence(log_ratio(rollout_logp, old_logp, mask), mask, seq_id)
-    geo = _rho(total / count.clamp(min=1), params)  # a sequence without sampled tokens has ratio 1
+    geo = _rho(total / count.clamp(min=1))  # a sequence without sampled tokens has ratio 1
     return CorrectionOutput(reject=(seq_id >= 0) & ((geo < lo) | (geo > hi)))
 
 
@@ -178,6 +179,6 @@ def decoupled(rollout_logp, old_logp, mask, seq_id, params: CorrectionParams) ->
     """The PPO ratio of the policy loss is already taken against the trainer's recomputation (the
     proximal policy); this adds the behaviour weight to the sampler. `params.c` (default None):
     AReaL's behav_imp_weight_cap, which rejects tokens whose weight exceeds it (no lower bound)."""
-    rho = _rho(log_ratio(rollout_logp, old_logp, mask), params)
+    rho = _rho(log_ratio(rollout_logp, old_logp, mask))
     reject = None if params.c is None else mask.bool() & (rho > params.c)
     return CorrectionOutput(weight=_token_weight(mask, rho), reject=reject)

@@ -51,7 +51,7 @@ def _result(name: str, keep_group: torch.Tensor, inv: torch.Tensor, zero_var: to
 
 
 @GROUP_FILTER.register("none", doc="keep every group", source="baseline (no filtering)")
-def no_filter(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
+def no_filter(rewards, group, params: FilterParams) -> FilterResult:
     """Keep all trajectories (stats still reported)."""
     inv, _, zero_var = group_scores(rewards, group)
     return _result("none", torch.ones_like(zero_var), inv, zero_var)
@@ -62,7 +62,7 @@ def no_filter(rewards, group, params: FilterParams = FilterParams()) -> FilterRe
     doc="drop groups whose rewards are all equal; refills the batch only with algo.filter.max_extra_rounds > 0",
     source="DAPO dynamic sampling (Yu et al. 2025)",
 )
-def dapo(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
+def dapo(rewards, group, params: FilterParams) -> FilterResult:
     """Keep groups with nonzero reward variance. Resampling to refill is the trainer's."""
     inv, _, zero_var = group_scores(rewards, group)
     return _result("dapo", ~zero_var, inv, zero_var)
@@ -77,11 +77,9 @@ def _order(score: torch.Tensor) -> torch.Tensor:
     doc="shortest top-std prefix holding >= top_p of the total std score",
     source="RAGEN-2 / StarPO-S (Wang et al. 2025)",
 )
-def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
+def ragen_top_p(rewards, group, params: FilterParams) -> FilterResult:
     """Sort groups by score desc; keep the shortest prefix with cumsum >= p * total;
     groups with score 0 are never kept."""
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"algo.filter top_p must be in (0, 1], got {params.top_p}")
     inv, score, zero_var = group_scores(rewards, group)
     order = _order(score)
     cs = torch.cumsum(score[order], 0)
@@ -97,11 +95,9 @@ def ragen_top_p(rewards, group, params: FilterParams = FilterParams()) -> Filter
     doc="keep the top fraction top_k of groups by std score",
     source="RAGEN (Wang et al. 2025) rollout_filter_ratio",
 )
-def ragen_top_k(rewards, group, params: FilterParams = FilterParams()) -> FilterResult:
+def ragen_top_k(rewards, group, params: FilterParams) -> FilterResult:
     """Keep max(1, floor(k * G)) highest-score groups (RAGEN's int(ratio * G)); as in RAGEN
     a zero-score group is kept when it ranks inside the top k."""
-    if not 0.0 < params.top_k <= 1.0:
-        raise ValueError(f"algo.filter top_k must be in (0, 1], got {params.top_k}")
     inv, score, zero_var = group_scores(rewards, group)
     n_keep = max(1, int(params.top_k * score.numel() + 1e-9))
     keep = torch.zeros_like(zero_var)

@@ -9,6 +9,8 @@ A_{i,k} = A^E_i + gigpo_step_weight * A^S_{i,t(k)} on every trained token k of t
   rollout group with the same anchor state id. Singleton step groups get A^S = 0.
 `gigpo_mode` applies to both levels as in verl-agent's code ("mean_norm" drops the std).
 Trained tokens with turn_index -1 (observations under mask: off) get A^E only.
+The gigpo_* settings come from `AdvantageParams`; their allowed values are checked when the
+config loads (`algo.adv.gigpo_mode`, `algo.adv.gigpo_episode_stats`).
 """
 
 from __future__ import annotations
@@ -17,17 +19,10 @@ import torch
 
 from .advantage import ADVANTAGE, broadcast, discounted_chain, group_baseline
 from .types import AdvantageInputs, AdvantageOutput, AdvantageParams
-from .utils import dense_ids, group_stats
-
-GIGPO_MODES = ("mean_std_norm", "mean_norm")
-EPISODE_STATS = ("trajectories", "steps")
+from .utils import STD_EPS, dense_ids, group_stats
 
 
-def _check(inputs: AdvantageInputs, params: AdvantageParams) -> None:
-    if params.gigpo_mode not in GIGPO_MODES:
-        raise ValueError(f"gigpo mode {params.gigpo_mode!r}; choose one of {GIGPO_MODES}")
-    if params.gigpo_episode_stats not in EPISODE_STATS:
-        raise ValueError(f"gigpo_episode_stats {params.gigpo_episode_stats!r}; choose one of {EPISODE_STATS}")
+def _check(inputs: AdvantageInputs) -> None:
     if inputs.anchor is None or inputs.turn_rewards is None or inputs.turn_mask is None:
         raise ValueError("algo.adv.estimator gigpo needs anchor, turn_rewards and turn_mask")
 
@@ -38,7 +33,7 @@ def episode_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch
     weight = inputs.turn_mask.bool().sum(1) if params.gigpo_episode_stats == "steps" else None
     mean, std, _ = group_baseline(R, inputs.group, weight)
     a = R - mean
-    return a / (std + params.eps) if params.gigpo_mode == "mean_std_norm" else a
+    return a / (std + STD_EPS) if params.gigpo_mode == "mean_std_norm" else a
 
 
 def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Tensor:
@@ -54,7 +49,7 @@ def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Te
     mean, std, cnt = group_stats(x, key)
     a = x - mean
     if params.gigpo_mode == "mean_std_norm":
-        a = a / (torch.where(cnt > 1, std, 1.0) + params.eps)
+        a = a / (torch.where(cnt > 1, std, 1.0) + STD_EPS)
     out = torch.zeros_like(ret)
     return out.masked_scatter(tm, torch.where(cnt > 1, a, 0.0))
 
@@ -67,7 +62,7 @@ def step_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> torch.Te
 @torch.no_grad()
 def gigpo(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """(N,T) advantages: A^E_i + w * A^S_{i, turn_index}; 0 outside the mask."""
-    _check(inputs, params)
+    _check(inputs)
     a_ep = broadcast(episode_advantage(inputs, params), inputs.mask)  # (N,T)
     a_st = step_advantage(inputs, params)  # (N,K)
     ti = inputs.turn_index.long()

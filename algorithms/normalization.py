@@ -13,7 +13,7 @@ import torch
 from .advantage import broadcast, group_baseline
 from .registry import Registry
 from .types import AdvantageInputs, AdvantageParams, NormFn
-from .utils import group_stats, masked_whiten
+from .utils import STD_EPS, WHITEN_EPS, group_stats, masked_whiten
 
 ADV_NORM: Registry[NormFn] = Registry("algo.adv.norm", "normalization scope of the advantages")
 
@@ -44,7 +44,7 @@ def group_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
 @torch.no_grad()
 def batch_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     """(A - mean) * rsqrt(var + eps) over every trained token of the batch. (N,T)."""
-    return masked_whiten(advantages, inputs.mask, params.whiten_eps)
+    return masked_whiten(advantages, inputs.mask)
 
 
 @ADV_NORM.register(
@@ -62,7 +62,7 @@ def task_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     mean, std, cnt = group_stats(x, tid)
     var = torch.where(cnt > 1, std**2, 0.0)
     out = torch.zeros_like(advantages)
-    return out.masked_scatter(m, (x - mean) * torch.rsqrt(var + params.whiten_eps))
+    return out.masked_scatter(m, (x - mean) * torch.rsqrt(var + WHITEN_EPS))
 
 
 @ADV_NORM.register("env_std", doc="(R - group mean) / std of R over the env's trajectories", source="AutoForge ERPO")
@@ -77,4 +77,4 @@ def env_std_norm(advantages, inputs: AdvantageInputs, params: AdvantageParams):
     mean, _, _ = group_baseline(R, inputs.group)
     _, std, cnt = group_stats(R, inputs.env, weight=valid)
     std = torch.where(cnt > 1, std, 1.0)
-    return broadcast((R - mean) / (std + params.eps), inputs.mask)
+    return broadcast((R - mean) / (std + STD_EPS), inputs.mask)

@@ -9,6 +9,8 @@ the trainer calls `algo.agg`. `stats`: detached 0-dim tensors over trained token
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .registry import Registry
@@ -19,11 +21,13 @@ POLICY_LOSS: Registry[PolicyLossFn] = Registry(
     "algo.clip.level", "importance-ratio level and clipping of the policy loss"
 )
 
+LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| clamped before exp (verl)
+
 
 def _log_ratio(logp, old_logp, mask, params: ClipParams) -> torch.Tensor:
     """Clamped `logp - old_logp` (B,T), exactly 0 outside the mask (NaN-safe, zero grad)."""
     lr = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
-    return lr.clamp(-params.log_ratio_clamp, params.log_ratio_clamp)
+    return lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def clipped_objective(ratio, advantages, mask, params: ClipParams):
@@ -117,7 +121,7 @@ def trajectory_level(logp, old_logp, advantages, mask, action_id, traj_id, param
 def no_clip(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParams):
     """loss_k = -w_k A_k, w_k the (clamped) token ratio. (B,T) in/out."""
     ratio = torch.exp(_log_ratio(logp, old_logp, mask, params))
-    off = ClipParams(eps_low=float("inf"), eps_high=float("inf"), log_ratio_clamp=params.log_ratio_clamp)
+    off = replace(params, eps_low=float("inf"), eps_high=float("inf"), dual_c=None)
     return clipped_objective(ratio, advantages, mask, off)
 
 
@@ -165,9 +169,9 @@ def sapo(logp, old_logp, advantages, mask, action_id, traj_id, params: ClipParam
     return loss, _band_stats(ratio, mask, params)
 
 
-def negative_advantage_seq_mask(logp, old_logp, advantages, mask, action_id, delta: float = 0.223) -> torch.Tensor:
+def negative_advantage_seq_mask(logp, old_logp, advantages, mask, action_id, delta: float) -> torch.Tensor:
     """SAMPO `use_seq_mask` (ARLArena): drop a turn-action when its A < 0 and
-    mean_k log(old_p_k / p_k) > delta (its ratio fell below e^-delta).
+    mean_k log(old_p_k / p_k) > delta (its ratio fell below e^-delta; `algo.clip.seq_mask_delta`).
 
     All (B,T); returns the new mask (B,T), same dtype as `mask`, detached. The action's
     advantage is the mean of A over its tokens (constant per action in practice).

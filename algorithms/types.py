@@ -1,9 +1,15 @@
 """The fixed inputs, parameters, outputs and call signatures of every axis.
 
 Inputs and outputs are plain dataclasses of tensors; each axis's signature is a Protocol that its
-registry is typed with (`Registry[PolicyLossFn]`, ...). A params field carries the name of the
-config key it comes from (`ClipParams.eps_low` <- `algo.clip.eps_low`), so the trainer builds
-params from config sections by name. Math of every value: docs/algorithms.md.
+registry is typed with (`Registry[PolicyLossFn]`, ...). Math of every value: docs/algorithms.md.
+
+The params dataclasses are the typed seam between the run config and the axis functions. Every
+field is required and carries the name of the config key it comes from (`ClipParams.eps_low` <-
+`algo.clip.eps_low`; `AggParams`' counts are the only fields that are not config keys). Their
+defaults, bounds and documentation are declared once, in the config sections
+(`harness.config.algo`), which build these dataclasses (`ClipConfig.params`, ...); a caller of the
+functions directly (a unit test) passes every field. Numerical constants that are no config key
+stay with the code that uses them (`algorithms.utils.STD_EPS`, `policy_loss.LOG_RATIO_CLAMP`, ...).
 
 Shapes: `N` trajectories in concatenated token form, `T` tokens, `K` turns (padded);
 `B` training rows (one per trajectory or one per turn, depending on the layout).
@@ -60,25 +66,18 @@ class AdvantageInputs:
 
 @dataclass(frozen=True)
 class AdvantageParams:
-    """gamma, lam: token-level discount and GAE lambda (gae, reinforce_pp; Practitioner's
-    Guide best gamma = 1). eps: added to group std (grpo, verl/TRL 1e-6).
-    gigpo_gamma: turn-level discount of GiGPO step returns (verl-agent scripts 0.95).
-    gigpo_step_weight: omega in A = A^E + omega A^S (GiGPO, 1.0). gigpo_mode: "mean_norm"
-    (verl-agent code default) or "mean_std_norm" (paper), applied to both levels as
-    verl-agent does.
-    gigpo_episode_stats: "trajectories" (paper: one sample per trajectory, default) or "steps"
-    (verl-agent compute_mean_std_cross_steps: one sample per turn, longer episodes weigh more).
-    whiten_eps: eps inside rsqrt(var + eps) for batch whitening (verl 1e-8).
-    """
+    """`algo.adv.*`. gamma, lam: token-level discount and GAE lambda (gae, reinforce_pp).
+    gigpo_gamma: turn-level discount of GiGPO step returns. gigpo_step_weight: omega in
+    A = A^E + omega A^S (GiGPO). gigpo_mode: "mean_norm" or "mean_std_norm", applied to both
+    levels as verl-agent does. gigpo_episode_stats: "trajectories" (one sample per trajectory)
+    or "steps" (one sample per turn, longer episodes weigh more)."""
 
-    gamma: float = 1.0
-    lam: float = 1.0
-    eps: float = 1e-6
-    gigpo_gamma: float = 0.95
-    gigpo_step_weight: float = 1.0
-    gigpo_mode: str = "mean_norm"
-    gigpo_episode_stats: str = "trajectories"
-    whiten_eps: float = 1e-8
+    gamma: float
+    lam: float
+    gigpo_gamma: float
+    gigpo_step_weight: float
+    gigpo_mode: str
+    gigpo_episode_stats: str
 
 
 @dataclass
@@ -92,39 +91,27 @@ class AdvantageOutput:
 # ------------------------------------------------------------------ policy loss (docs/algorithms.md#clipping)
 @dataclass(frozen=True)
 class ClipParams:
-    """eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low = DAPO
-    clip-higher). dual_c: dual-clip bound c > 1 for A < 0, None = off (verl uses 3).
-    log_ratio_clamp: |logp - old_logp| clamped before exp (verl 20).
-    tau_pos / tau_neg: SAPO gate temperatures for A > 0 / A <= 0 (Qwen, verl and TRL: 1.0 / 1.05)."""
+    """`algo.clip.*`. eps_low / eps_high: clip range [1-eps_low, 1+eps_high] (eps_high > eps_low
+    = DAPO clip-higher). dual_c: dual-clip bound c for A < 0, None = off.
+    tau_pos / tau_neg: SAPO gate temperatures for A > 0 / A <= 0."""
 
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_c: float | None = None
-    log_ratio_clamp: float = 20.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-
-    def __post_init__(self):
-        if self.eps_low < 0 or self.eps_high < 0:
-            raise ValueError(f"clip eps must be >= 0, got {self.eps_low}, {self.eps_high}")
-        if self.dual_c is not None and self.dual_c <= 1.0:
-            raise ValueError(f"algo.clip.dual_c (dual clip) must be > 1, got {self.dual_c}")
-        if self.tau_pos <= 0 or self.tau_neg <= 0:
-            raise ValueError(f"SAPO temperatures must be > 0, got {self.tau_pos}, {self.tau_neg}")
+    eps_low: float
+    eps_high: float
+    dual_c: float | None
+    tau_pos: float
+    tau_neg: float
 
 
 # ------------------------------------------------------------ off-policy corrections (docs/algorithms.md#off-policy)
 @dataclass(frozen=True)
 class CorrectionParams:
-    """c: the truncation cap C of tis_token / tis_seq (None = 2, verl) and the rejection cap of
-    decoupled (None = no cap, AReaL's default). lo / hi: the band of mis_token, mis_seq, icepop and
-    geo_seq_mask (None = that correction's default). log_ratio_clamp: |old_logp - rollout_logp|
-    (and its sequence sum) clamped before exp (verl 20)."""
+    """`algo.correction.*`. c: the truncation cap C of tis_token / tis_seq (None =
+    `correction.TIS_CAP`) and the rejection cap of decoupled (None = no cap). lo / hi: the band of
+    mis_token, mis_seq, icepop and geo_seq_mask (None = that correction's `correction.BANDS`)."""
 
-    c: float | None = None
-    lo: float | None = None
-    hi: float | None = None
-    log_ratio_clamp: float = 20.0
+    c: float | None
+    lo: float | None
+    hi: float | None
 
 
 @dataclass
@@ -143,21 +130,22 @@ class CorrectionOutput:
 class AggParams:
     """Global denominators for micro-batching: num_tokens = trained tokens, num_seqs = rows
     with at least one trained token, both counted over the WHOLE mini-batch (None = this
-    call's own). agg_len: the fixed length T_const of seq-mean-token-sum-norm (required there)."""
+    call's own; `aggregation.global_counts`). agg_len: `algo.agg_len`, the fixed length T_const
+    of seq-mean-token-sum-norm."""
 
-    num_tokens: float | None = None
-    num_seqs: float | None = None
-    agg_len: int | None = None
+    num_tokens: float | None
+    num_seqs: float | None
+    agg_len: int
 
 
 # ------------------------------------------------------------------ filters (docs/algorithms.md#filtering)
 @dataclass(frozen=True)
 class FilterParams:
-    """top_p: ragen_top_p cumulative-score fraction (RAGEN-2 0.9). top_k: ragen_top_k
-    fraction of groups kept."""
+    """`algo.filter.*`. top_p: ragen_top_p cumulative-score fraction. top_k: ragen_top_k fraction of
+    groups kept."""
 
-    top_p: float = 0.9
-    top_k: float = 0.5
+    top_p: float
+    top_k: float
 
 
 @dataclass

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+STD_EPS = 1e-6  # added to a group's std before dividing by it (grpo, gigpo, env_std; verl / TRL)
+WHITEN_EPS = 1e-8  # inside rsqrt(var + eps) of whitening (verl masked_whiten)
+
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     """Sum of `x` where `mask` is nonzero; masked-out values (even NaN) never enter."""
@@ -32,7 +35,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return torch.where(n > 1, var * n / (n - 1).clamp(min=1), var)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS, shift_mean: bool = True
+) -> torch.Tensor:
     """`(x - mean) / sqrt(var + eps)` over masked positions (any shape); 0 outside the mask.
 
     verl's convention: unbiased variance, `rsqrt(var + 1e-8)`.

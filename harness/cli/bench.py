@@ -9,7 +9,7 @@ import typer
 
 from harness.bench.run import run_bench
 from harness.config.errors import ConfigError
-from harness.experiments.loading import load_run_config
+from harness.config.loading import load_run_config
 
 PARTS = ("rollout", "memory", "trl", "engines", "update", "sandbox")  # the default set
 ALL_PARTS = (*PARTS, "concurrent")

@@ -236,7 +236,7 @@ def run(
 
     Every key and its default: `harness config-docs`.
     """
-    from harness.experiments.loading import dump_config
+    from harness.config.loading import dump_config
     from harness.experiments.sweep import single_point
 
     swp = single_point(config, list(override), name)
@@ -326,7 +326,8 @@ def axes(
 
     Generated from the registries of algorithms.AXES, followed by the choice-valued settings of
     the config schema (context.policy, algo.kl.where, ...)."""
-    from harness.experiments.loading import axis_registries, iter_config_fields, literal_choices
+    from harness.config.keys import iter_config_fields, literal_choices
+    from harness.config.loading import axis_registries
 
     if write_doc is not None:
         write_generated_block(write_doc, axes_markdown())
@@ -380,7 +381,7 @@ def envs() -> None:
 @app.command("config-docs")
 def config_docs() -> None:
     """Every config key with its type, default and documentation."""
-    from harness.experiments.loading import iter_config_fields
+    from harness.config.keys import iter_config_fields
 
     section = None
     for key, info in iter_config_fields():

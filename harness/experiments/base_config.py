@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from harness.experiments.loading import covers, flatten, show_value
+from harness.config.keys import covers, flatten, show_value
 from harness.experiments.provenance import config_hash
 from harness.store import CONFIG
 

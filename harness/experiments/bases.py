@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import ConfigError
-from harness.experiments.loading import kind_of, read_yaml, validate_run_config
+from harness.config.keys import kind_of
+from harness.config.loading import read_yaml, validate_run_config
 
 # top-level keys of sweep and study files (`harness.experiments.sweep` / `.study`); a run config has none
 SWEEP_KEYS = ("grid", "zip", "points", "seeds", "baseline")

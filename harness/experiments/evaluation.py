@@ -28,8 +28,8 @@ import yaml
 from analysis.tasks import OPTIONAL_FIELDS
 from envs.registry import env_class
 from harness.config.errors import ConfigError
+from harness.config.loading import parse_override, validate_run_config
 from harness.config.schema import RunConfig
-from harness.experiments.loading import parse_override, validate_run_config
 from harness.experiments.provenance import code_version
 from harness.store import ADAPTER, CONFIG, EVAL_DIR, append_jsonl, atomic_write_json, read_jsonl
 

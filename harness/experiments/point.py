@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import Diverged, UnavailableError
-from harness.experiments.loading import dump_config, flatten
+from harness.config.keys import flatten
+from harness.config.loading import dump_config
 from harness.experiments.provenance import environment
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import RunLogger, config_warnings_recorded

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from harness.config.errors import ConfigError
+from harness.config.keys import show_value
 from harness.config.schema import SEED_MAX, SEED_MIN
-from harness.experiments.loading import show_value
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "successive_halving", "none")

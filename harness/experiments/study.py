@@ -41,19 +41,10 @@ from pydantic import (
 )
 
 from harness.config.errors import ConfigError
+from harness.config.keys import error_paragraph, flatten, iter_config_fields, kind_of, show_value, validation_lines
+from harness.config.loading import apply_overrides, read_yaml, validate_run_config
 from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
 from harness.experiments.bases import check_base_kind, load_base
-from harness.experiments.loading import (
-    apply_overrides,
-    error_paragraph,
-    flatten,
-    iter_config_fields,
-    kind_of,
-    read_yaml,
-    show_value,
-    validate_run_config,
-    validation_lines,
-)
 from harness.experiments.provenance import config_hash
 from harness.experiments.samplers import make_pruner, make_sampler
 from harness.experiments.sweep import SEED_KEY, Point, Seed, point_id, variant_slug

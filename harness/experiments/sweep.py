@@ -35,23 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envs.registry import env_class
 from harness.config.errors import ConfigError, warn
+from harness.config.keys import covers, error_paragraph, flatten, get_dotted, kind_of, show_value, validation_lines
+from harness.config.loading import apply_overrides, parse_override, read_yaml, validate_run_config
 from harness.config.schema import SEED_MAX, SEED_MIN, RunConfig
 from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
 from harness.experiments.base_config import base_manifest, base_signature, excluded_keys
 from harness.experiments.bases import check_base_kind, load_base
-from harness.experiments.loading import (
-    apply_overrides,
-    covers,
-    error_paragraph,
-    flatten,
-    get_dotted,
-    kind_of,
-    parse_override,
-    read_yaml,
-    show_value,
-    validate_run_config,
-    validation_lines,
-)
 from harness.experiments.provenance import config_hash
 
 SEED_KEY = "train.seed"
@@ -501,7 +490,7 @@ def load_sweep(
 
 def single_point(config_path: str | Path, overrides: list[str], name: str | None = None) -> Sweep:
     """`harness run CONFIG -o k=v`: a one-point sweep named after the config file."""
-    from harness.experiments.loading import load_run_config
+    from harness.config.loading import load_run_config
 
     cfg = load_run_config(config_path, overrides)
     parsed = {k: v for k, v in (parse_override(o) for o in overrides) if k != SEED_KEY}

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import ADV_NORM, ADVANTAGE, KL_ESTIMATOR
-from algorithms.types import AdvantageInputs, AdvantageParams
+from algorithms.types import AdvantageInputs
 from algorithms.utils import turn_rewards_to_tokens
-from harness.config.schema import RunConfig, axis_params
+from harness.config.schema import RunConfig
 from harness.model.logprobs import token_logprobs
 from harness.rl.batch import TrainBatch, row_groups
 from harness.rl.losses import on_device, policy_forward
@@ -145,7 +145,7 @@ def advantages(batch: TrainBatch, fwd: Forward, cfg: RunConfig) -> tuple[torch.T
         token_rewards=token_rewards,
         values=batch.to_stream(fwd.old_values) if fwd.old_values is not None else None,
     )
-    params = axis_params(AdvantageParams, a.adv)
+    params = a.adv.params
     out = ADVANTAGE.get(a.adv.estimator)(inputs, params)
     adv = ADV_NORM.get(a.adv.norm)(out.advantages, inputs, params)
     returns = batch.to_rows(out.returns) if out.returns is not None else None

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from algorithms import AGGREGATION, KL_ESTIMATOR, POLICY_LOSS
-from algorithms.types import AggParams, ClipParams
-from harness.config.schema import RunConfig, axis_params
+from algorithms.types import AggParams
+from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
 from harness.rl.batch import TrainBatch
@@ -117,7 +117,7 @@ def loss_terms(
         allowed=mb.allowed,
     )
     pmask = mb.loss_mask if policy_mask is None else policy_mask
-    clip = axis_params(ClipParams, a.clip)
+    clip = a.clip.params
     pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, pmask, mb.action_id, mb.traj_id, clip)
     if is_weight is not None:
         pl = pl * is_weight

@@ -20,9 +20,8 @@ import torch
 
 from algorithms import CORRECTION
 from algorithms.correction import TIS_CAP, log_ratio
-from algorithms.types import CorrectionParams
 from algorithms.utils import dense_ids, masked_mean
-from harness.config.schema import RunConfig, axis_params
+from harness.config.schema import RunConfig
 from harness.rl.batch import TrainBatch
 
 DELTA_QUANTILES = {"p0_1": 0.001, "p1": 0.01, "p50": 0.5, "p99": 0.99, "p99_9": 0.999}
@@ -57,9 +56,7 @@ def batch_correction(batch: TrainBatch, old_logp: torch.Tensor, cfg: RunConfig) 
     """Weight and kept tokens of `algo.correction` over the batch's rows (B, T)."""
     c = cfg.algo.correction
     m = sampled_mask(batch)
-    out = CORRECTION.get(c.name)(
-        batch.sampler_logp, old_logp, m, sequence_ids(batch, cfg), axis_params(CorrectionParams, c)
-    )
+    out = CORRECTION.get(c.name)(batch.sampler_logp, old_logp, m, sequence_ids(batch, cfg), c.params)
     weight, keep = out.weight, None
     masked = torch.zeros_like(m, dtype=torch.bool)
     if out.weight is not None:

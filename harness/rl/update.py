@@ -108,12 +108,12 @@ def _pick(x: torch.Tensor | None, rows: torch.Tensor, T: int) -> torch.Tensor | 
     return None if x is None else x[rows, :T]
 
 
-def _counts(masks: list[torch.Tensor], agg_len: int) -> AggParams:
-    """Aggregation counts of a minibatch given as the masks (B_j, T_j) of its micro-batches."""
-    return AggParams(
+def _counts(masks: list[torch.Tensor], params: AggParams) -> AggParams:
+    """`params` with the aggregation counts of a minibatch given as the masks (B_j, T_j) of its micro-batches."""
+    return replace(
+        params,
         num_tokens=float(sum(int(m.bool().sum()) for m in masks)),
         num_seqs=float(sum(int(m.bool().any(1).sum()) for m in masks)),
-        agg_len=agg_len,
     )
 
 
@@ -153,7 +153,7 @@ def _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, 
     masks = _policy_masks(policy, batch, micros, adv, fwd, cfg)
     if cfg.algo.clip.seq_mask:
         total = max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
-        kept = _counts(masks, cfg.algo.agg_len).num_tokens / total
+        kept = _counts(masks, cfg.algo.agg_params).num_tokens / total
         sums.setdefault("diag/seq_mask_kept_frac", []).append(torch.tensor(kept))
     if corr.keep is not None:
         masks = [pm * corr.keep[micro, : pm.shape[1]] for micro, pm in zip(micros, masks)]
@@ -169,13 +169,14 @@ def _minibatch_step(
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens)
     policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums)
+    agg = a.agg_params
     denominators = Denominators(
-        loss=replace(global_counts(batch.loss_mask[mb_idx]), agg_len=a.agg_len),
-        policy=_counts(policy_masks, a.agg_len),
+        loss=global_counts(batch.loss_mask[mb_idx], agg),
+        policy=_counts(policy_masks, agg),
         # the critic is fitted on action tokens only (observations have no returns)
-        value=replace(global_counts(batch.action_mask[mb_idx]), agg_len=a.agg_len),
+        value=global_counts(batch.action_mask[mb_idx], agg),
         # observation SFT's own token count (algo.obs_sft), only when the term is on
-        obs=global_counts(batch.obs_mask[mb_idx]) if a.obs_sft.coef > 0 and batch.obs_mask is not None else None,
+        obs=global_counts(batch.obs_mask[mb_idx], agg) if a.obs_sft.coef > 0 and batch.obs_mask is not None else None,
     )
     own_mask = a.clip.seq_mask or corr.keep is not None
     for micro, pmask in zip(micros, policy_masks):

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from algorithms import GROUP_FILTER
-from algorithms.types import EmptyBatchError, FilterParams
+from algorithms.types import EmptyBatchError
 from envs import ENVS, make_env
-from harness.config.schema import RunConfig, axis_params
+from harness.config.schema import RunConfig
 from harness.model.cache import cache_dir
 from harness.model.policy import Policy
 from harness.model.sft import demo_seeds_used
@@ -203,7 +203,7 @@ class RolloutWorker:
         rewards = torch.tensor([e.train_return for e in eps], dtype=torch.float32)
         group = torch.tensor([e.group for e in eps])
         try:
-            res = GROUP_FILTER.get(f.name)(rewards, group, axis_params(FilterParams, f))
+            res = GROUP_FILTER.get(f.name)(rewards, group, f.params)
             keep, st = res.keep.tolist(), res.stats
         except EmptyBatchError as err:
             keep, st = [False] * len(eps), err.stats

@@ -1,6 +1,7 @@
 """algo.adv.estimator: hand-computed cases and invariants (GiGPO in test_algo_gigpo.py)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,7 +10,14 @@ from hypothesis import strategies as st
 
 from algorithms import ADVANTAGE, AdvantageInputs, AdvantageParams
 
-P = AdvantageParams()
+P = AdvantageParams(
+    gamma=1.0,
+    lam=1.0,
+    gigpo_gamma=0.95,
+    gigpo_step_weight=1.0,
+    gigpo_mode="mean_norm",
+    gigpo_episode_stats="trajectories",
+)
 
 
 def _outcome_inputs(rewards, group, T=3):
@@ -74,7 +82,7 @@ def _two_turns(values=None):
 
 def test_gae_hand_computed():
     inp = _two_turns(torch.tensor([[0.5, 0.6, 99.0, 0.8]]))
-    out = ADVANTAGE.get("gae")(inp, AdvantageParams(gamma=0.9, lam=0.8))
+    out = ADVANTAGE.get("gae")(inp, replace(P, gamma=0.9, lam=0.8))
     # token 3: 1 + 0.9*0 - 0.8 = 0.2
     # token 1: delta = 0 + 0.9*0.8 - 0.6 = 0.12 (next value = token 3's, not the obs's 99)
     #          A = 0.12 + 0.72*0.2 = 0.264
@@ -105,7 +113,7 @@ def test_reinforce_pp_hand_computed():
         turn_rewards=torch.tensor([[0.5, 1.0]]),
         turn_mask=torch.tensor([[1, 1]]),
     )
-    out = ADVANTAGE.get("reinforce_pp")(inp, AdvantageParams(gamma=0.5))
+    out = ADVANTAGE.get("reinforce_pp")(inp, replace(P, gamma=0.5))
     # rewards on last token of each turn: 0.5 at token 1, 1.0 at token 4; obs token skipped
     # G4 = 1, G3 = 0.5, G1 = 0.5 + 0.5*0.5 = 0.75, G0 = 0.375
     assert torch.allclose(out.returns, torch.tensor([[0.375, 0.75, 0.0, 0.5, 1.0]]))
@@ -121,7 +129,7 @@ def test_reinforce_pp_uses_given_token_rewards():
     """KL-in-reward: the caller's token rewards win over turn rewards."""
     inp = _two_turns()
     inp.token_rewards = torch.tensor([[-0.1, -0.1, 5.0, 0.9]])  # obs token reward ignored
-    out = ADVANTAGE.get("reinforce_pp")(inp, AdvantageParams(gamma=1.0))
+    out = ADVANTAGE.get("reinforce_pp")(inp, replace(P, gamma=1.0))
     assert torch.allclose(out.returns, torch.tensor([[0.7, 0.8, 0.0, 0.9]]))
 
 
@@ -155,7 +163,7 @@ def test_zero_outside_mask_and_padding_invariant(seed, N, T, name):
         group=torch.arange(N) // 2,
         values=torch.rand(N, T, generator=g),
     )
-    out = ADVANTAGE.get(name)(inp, AdvantageParams(gamma=0.9, lam=0.95))
+    out = ADVANTAGE.get(name)(inp, replace(P, gamma=0.9, lam=0.95))
     assert (out.advantages[~mask.bool()] == 0).all() and torch.isfinite(out.advantages).all()
     pad = AdvantageInputs(
         mask=torch.cat([mask, torch.zeros(N, 2, dtype=mask.dtype)], 1),
@@ -164,5 +172,5 @@ def test_zero_outside_mask_and_padding_invariant(seed, N, T, name):
         group=inp.group,
         values=torch.cat([inp.values, torch.full((N, 2), float("nan"))], 1),
     )
-    out2 = ADVANTAGE.get(name)(pad, AdvantageParams(gamma=0.9, lam=0.95))
+    out2 = ADVANTAGE.get(name)(pad, replace(P, gamma=0.9, lam=0.95))
     assert torch.allclose(out2.advantages[:, :T], out.advantages, atol=1e-6)

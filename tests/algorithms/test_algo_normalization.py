@@ -7,7 +7,14 @@ import torch
 
 from algorithms import ADV_NORM, ADVANTAGE, AdvantageInputs, AdvantageParams, check_norm_compatible
 
-P = AdvantageParams()
+P = AdvantageParams(
+    gamma=1.0,
+    lam=1.0,
+    gigpo_gamma=0.95,
+    gigpo_step_weight=1.0,
+    gigpo_mode="mean_norm",
+    gigpo_episode_stats="trajectories",
+)
 
 
 def _inputs(mask, rewards, group, task=None, env=None):

@@ -151,7 +151,7 @@ def test_expert_never_deadlocks_and_the_penalty_needs_end():
     assert expert_solve_rate("sokoban", {"deadlock": "end", "deadlock_penalty": 1.0}, seeds, max_turns=20) == 1.0
     # the options change what an episode gives (its end, its return), so the evaluation before RL,
     # cached across points by its inputs, is not shared between them
-    from harness.experiments.loading import validate_run_config
+    from harness.config.loading import validate_run_config
     from harness.rl.evaluate import start_key
 
     def key(**options):

@@ -13,7 +13,7 @@ import pytest
 from envs import env_class, make_env
 from envs.mixture_env import Mixture, _round_robin
 from harness.config.errors import ConfigError
-from harness.experiments.loading import validate_run_config
+from harness.config.loading import validate_run_config
 
 FL, SOK = {"name": "frozenlake"}, {"name": "sokoban"}
 

@@ -130,9 +130,9 @@ def test_forced_tokens_stay_in_the_loss_by_default_and_leave_it_with_drop():
     assert drop.loss_mask.tolist() == [[0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0]]
     assert torch.equal(drop.action_mask, count.action_mask) and torch.equal(drop.stream_mask, count.stream_mask)
     # token-mean over the kept tokens only: forced tokens no longer dilute the step
-    from algorithms import AGGREGATION
+    from algorithms import AGGREGATION, AggParams
 
     loss = torch.arange(12, dtype=torch.float32)[None]
-    tm = AGGREGATION.get("token-mean")
-    assert abs(tm(loss, drop.loss_mask).item() - (3 + 4 + 9 + 10) / 4) < 1e-6
-    assert abs(tm(loss, count.loss_mask).item() - (3 + 4 + 7 + 9 + 10 + 11) / 6) < 1e-6
+    tm, own = AGGREGATION.get("token-mean"), AggParams(num_tokens=None, num_seqs=None, agg_len=12)
+    assert abs(tm(loss, drop.loss_mask, own).item() - (3 + 4 + 9 + 10) / 4) < 1e-6
+    assert abs(tm(loss, count.loss_mask, own).item() - (3 + 4 + 7 + 9 + 10 + 11) / 6) < 1e-6

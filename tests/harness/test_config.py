@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import MISSING
 from pathlib import Path
 
 import pytest
 
 from algorithms.types import AdvantageParams, AggParams, ClipParams, CorrectionParams, FilterParams
 from harness.config.errors import ConfigError
-from harness.config.schema import RENAMED_KEYS, RunConfig, axis_params
-from harness.experiments.loading import (
-    flatten,
-    iter_config_fields,
-    load_run_config,
-    parse_override,
-    validate_run_config,
-)
+from harness.config.keys import flatten, iter_config_fields
+from harness.config.loading import load_run_config, parse_override, validate_run_config
+from harness.config.schema import RENAMED_KEYS, RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -270,49 +266,86 @@ def test_a_renamed_key_names_its_new_key(tmp_path, old):
     assert f"{old} was renamed" in error_of(write(tmp_path, ""), [f"{old}=0.5"])
 
 
-# Params fields that are not config keys (fixed numerical constants of the algorithms).
-NOT_CONFIG = {
-    ClipParams: {"log_ratio_clamp"},
-    AdvantageParams: {"eps", "whiten_eps"},
-    FilterParams: set(),
-    AggParams: {"num_tokens", "num_seqs"},
-    CorrectionParams: {"log_ratio_clamp"},
+# Each axis's params dataclass and where it is built: (config section, attribute of the section).
+PARAMS = {
+    ClipParams: ("algo.clip", "params"),
+    AdvantageParams: ("algo.adv", "params"),
+    FilterParams: ("algo.filter", "params"),
+    CorrectionParams: ("algo.correction", "params"),
+    AggParams: ("algo", "agg_params"),
 }
-SECTIONS = {
-    ClipParams: "algo.clip",
-    AdvantageParams: "algo.adv",
-    FilterParams: "algo.filter",
-    AggParams: "algo",
-    CorrectionParams: "algo.correction",
-}
+COUNTS = {AggParams: {"num_tokens", "num_seqs"}}  # counted per minibatch, not config keys
 
 
-@pytest.mark.parametrize("cls", list(SECTIONS), ids=lambda c: c.__name__)
-def test_axis_params_carry_the_config_key_names(cls):
-    """One name per setting: every params field is the config key of its section (or a fixed constant)."""
-    section = RunConfig()
-    for part in SECTIONS[cls].split("."):
-        section = getattr(section, part)
-    keys = set(type(section).model_fields)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    assert fields - NOT_CONFIG[cls] <= keys, (
-        f"{cls.__name__} fields not named as in {SECTIONS[cls]}: {sorted(fields - NOT_CONFIG[cls] - keys)}"
+def _section(cfg: RunConfig, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize("cls", list(PARAMS), ids=lambda c: c.__name__)
+def test_axis_params_carry_the_config_key_names_and_no_defaults(cls):
+    """One name per setting, one declaration per default: every params field is a key of its config
+    section (the aggregation counts aside), and none has a default of its own."""
+    section = _section(RunConfig(), PARAMS[cls][0])
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields} - COUNTS.get(cls, set())
+    assert names <= set(type(section).model_fields), (
+        f"{cls.__name__} fields not named as in {PARAMS[cls][0]}: {sorted(names - set(type(section).model_fields))}"
     )
+    defaulted = [f.name for f in fields if f.default is not MISSING or f.default_factory is not MISSING]
+    assert not defaulted, f"{cls.__name__} declares defaults of its own: {defaulted} (the config section owns them)"
 
 
-def test_axis_params_are_built_from_the_config_by_name(tmp_path):
+@pytest.mark.parametrize("cls", list(PARAMS), ids=lambda c: c.__name__)
+def test_each_section_builds_its_params_from_its_own_values(cls):
+    where, attr = PARAMS[cls]
+    section = _section(RunConfig(), where)
+    params = getattr(section, attr)
+    assert type(params) is cls
+    for f in dataclasses.fields(cls):
+        expected = None if f.name in COUNTS.get(cls, set()) else getattr(section, f.name)
+        assert getattr(params, f.name) == expected, f"{where}.{attr}.{f.name}"
+
+
+def test_axis_params_are_built_from_the_loaded_config(tmp_path):
     cfg = load_run_config(
         write(
             tmp_path,
-            "algo:\n  clip: {eps_low: 0.1, eps_high: 0.3, dual_c: 3.0}\n"
+            "algo:\n  clip: {eps_low: 0.1, eps_high: 0.3, dual_c: 3.0, tau_neg: 1.2}\n"
             "  adv: {gigpo_gamma: 0.5, gigpo_episode_stats: steps}\n"
-            "  filter: {top_p: 0.7, top_k: 0.25}\n",
+            "  filter: {top_p: 0.7, top_k: 0.25}\n"
+            "  correction: {name: icepop, hi: 4.0}\n"
+            "  agg_len: 64\n",
         )
     )
-    assert axis_params(ClipParams, cfg.algo.clip) == ClipParams(eps_low=0.1, eps_high=0.3, dual_c=3.0)
-    adv = axis_params(AdvantageParams, cfg.algo.adv)
+    assert cfg.algo.clip.params == ClipParams(eps_low=0.1, eps_high=0.3, dual_c=3.0, tau_pos=1.0, tau_neg=1.2)
+    adv = cfg.algo.adv.params
     assert (adv.gigpo_gamma, adv.gigpo_episode_stats, adv.gamma) == (0.5, "steps", 1.0)
-    assert axis_params(FilterParams, cfg.algo.filter) == FilterParams(top_p=0.7, top_k=0.25)
+    assert cfg.algo.filter.params == FilterParams(top_p=0.7, top_k=0.25)
+    assert cfg.algo.correction.params == CorrectionParams(c=None, lo=None, hi=4.0)
+    assert cfg.algo.agg_params == AggParams(num_tokens=None, num_seqs=None, agg_len=64)
+
+
+# The bounds of the axis parameters, declared once in the config sections (the params dataclasses and the
+# axis functions no longer repeat them): each is an error when the config loads.
+PARAM_BOUNDS = [
+    ("algo.clip.eps_low=-0.1", "greater than or equal to 0"),
+    ("algo.clip.dual_c=0.5", "greater than 1"),
+    ("algo.clip.tau_neg=0", "greater than 0"),
+    ("algo.filter.top_p=0", "greater than 0"),
+    ("algo.filter.top_k=1.5", "less than or equal to 1"),
+    ("algo.agg_len=0", "greater than or equal to 1"),
+    ("algo.adv.gigpo_mode=std", "choose one of: mean_std_norm, mean_norm"),
+    ("algo.adv.gigpo_episode_stats=trajectory", "choose one of: trajectories, steps"),
+]
+
+
+@pytest.mark.parametrize("override,allowed", PARAM_BOUNDS, ids=[o for o, _ in PARAM_BOUNDS])
+def test_the_bounds_of_the_axis_params_are_checked_when_the_config_loads(tmp_path, override, allowed):
+    key, _, value = override.partition("=")
+    msg = error_of(write(tmp_path, ""), [override])
+    assert f"{key} = " in msg and value in msg and allowed in msg, msg
 
 
 def test_the_gae_point_of_the_advantage_sweep_whitens_as_the_ppo_preset():

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from harness.cli.main import main
+from harness.config.loading import dump_config
 from harness.experiments.evaluation import EvalRequest, run_eval
-from harness.experiments.loading import dump_config
 from harness.rl.evaluate import episode_stream, plan
 from harness.store import read_jsonl
 from tests.harness.test_trainer import cfg_with, run

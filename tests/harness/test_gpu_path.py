@@ -58,7 +58,7 @@ def test_gpu_recipes_run_with_a_local_model_folder(tmp_path, env):
     path (a local folder), LoRA on every projection, activation checkpointing and the static
     engine; here on CPU, float32, with the tiny model's folder standing in for Qwen2.5 and one
     small update (the recipes' own sizes need a GPU)."""
-    from harness.experiments.loading import load_run_config
+    from harness.config.loading import load_run_config
     from harness.model.cache import cache_dir
     from harness.model.tiny import tiny_base
     from harness.rl.demos import Demonstrations

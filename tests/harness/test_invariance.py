@@ -37,10 +37,10 @@ import pytest
 import torch
 
 from algorithms import ADV_NORM, ADVANTAGE, AGGREGATION, CORRECTION, GROUP_FILTER, KL_ESTIMATOR, POLICY_LOSS
-from algorithms.types import EmptyBatchError, FilterParams
+from algorithms.types import EmptyBatchError
 from harness.config.errors import ConfigError
-from harness.config.schema import RunConfig, axis_params
-from harness.experiments.loading import validate_run_config
+from harness.config.loading import validate_run_config
+from harness.config.schema import RunConfig
 from harness.experiments.tracking import RunLogger
 from harness.rl.behaviour import advantages, behaviour_forward
 from harness.rl.trainer import Trainer
@@ -209,7 +209,7 @@ class Env:
             res = GROUP_FILTER.get(f.name)(
                 torch.tensor([e.outcome for e in eps]),
                 torch.tensor([e.group for e in eps]),
-                axis_params(FilterParams, f),
+                f.params,
             )
         except EmptyBatchError:
             return None

@@ -24,9 +24,10 @@ from envs import ENVS
 from envs.registry import env_class
 from harness.cli.main import main
 from harness.config.errors import ConfigError, ConfigWarning, warn
+from harness.config.keys import iter_config_fields
+from harness.config.loading import load_run_config, validate_run_config
 from harness.config.schema import QWEN2_LINEAR_MODULES, SEED_MAX
 from harness.diagnostics.episode_metrics import EVAL_METRICS, episode_metrics
-from harness.experiments.loading import iter_config_fields, load_run_config, validate_run_config
 from harness.experiments.samplers import make_pruner, make_sampler
 from harness.experiments.study import ParamSpec, load_study, objective_metrics
 from harness.experiments.sweep import load_sweep

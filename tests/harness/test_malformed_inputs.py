@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from harness.config.keys import iter_config_fields
 from harness.config.schema import SEED_MAX
-from harness.experiments.loading import iter_config_fields
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "env: {name: frozenlake}\ntrain: {updates: 3}\n"

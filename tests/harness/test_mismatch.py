@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from algorithms import POLICY_LOSS
-from algorithms.types import ClipParams
+from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
-from harness.experiments.loading import validate_run_config
 from harness.experiments.tracking import RunLogger
 from harness.model.logprobs import token_logprobs
 from harness.rl.batch import build_batch
@@ -211,7 +210,7 @@ def test_each_correction_changes_the_update_as_its_formula_says(rollouts, name, 
         )
     policy.model.eval()
     lm = batch.loss_mask
-    pl, _ = POLICY_LOSS.get("token")(logp, fwd.old_logp, adv, lm, batch.action_id, batch.traj_id, ClipParams())
+    pl, _ = POLICY_LOSS.get("token")(logp, fwd.old_logp, adv, lm, batch.action_id, batch.traj_id, cfg.algo.clip.params)
     sampled = (lm * batch.action_mask).bool()
     seq = batch.traj_id
     defaults = {"c": 2.0} if name.startswith("tis") else {}  # decoupled: no cap unless set

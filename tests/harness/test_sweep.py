@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.config.errors import ConfigError
+from harness.config.keys import flatten, iter_config_fields
 from harness.config.schema import RunConfig
-from harness.experiments.loading import flatten, iter_config_fields
 from harness.experiments.provenance import config_hash
 from harness.experiments.sweep import load_sweep, short_key
 

@@ -8,10 +8,9 @@ import torch
 
 from algorithms import AGGREGATION, KL_ESTIMATOR, POLICY_LOSS
 from algorithms.aggregation import global_counts
-from algorithms.types import ClipParams
 from algorithms.utils import masked_mean
+from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
-from harness.experiments.loading import validate_run_config
 from harness.model.logprobs import token_logprobs
 from harness.model.pipeline import attach_adapter, base_model
 from harness.rl.batch import build_batch, state_id
@@ -81,8 +80,8 @@ def test_sampo_mask_renormalises_the_policy_loss_and_keeps_kl_on_every_token(env
     T = mb.input_ids.shape[1]
     keep = mb.loss_mask.clone()
     keep[mb.action_id == int(mb.action_id.max())] = 0  # drop one action
-    counts = global_counts(mb.loss_mask)
-    den = Denominators(loss=counts, policy=global_counts(keep), value=counts)
+    counts = global_counts(mb.loss_mask, cfg.algo.agg_params)
+    den = Denominators(loss=counts, policy=global_counts(keep, cfg.algo.agg_params), value=counts)
     t.policy.model.eval()
     out = loss_terms(t.policy, mb, adv[:, :T], fwd.old_logp[:, :T], fwd.ref_logp[:, :T], None, None, cfg, den, keep)
     plain = loss_terms(
@@ -98,7 +97,7 @@ def test_sampo_mask_renormalises_the_policy_loss_and_keeps_kl_on_every_token(env
     )
     logp, _ = token_logprobs(t.policy.model, mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature)
     pl, _ = POLICY_LOSS.get("sequence")(
-        logp, fwd.old_logp[:, :T], adv[:, :T], keep, mb.action_id, mb.traj_id, ClipParams(eps_low=0.2, eps_high=0.2)
+        logp, fwd.old_logp[:, :T], adv[:, :T], keep, mb.action_id, mb.traj_id, cfg.algo.clip.params
     )
     assert torch.allclose(out.terms["loss/policy"], (pl * keep).sum() / keep.sum(), atol=1e-6)  # kept tokens only
     assert torch.allclose(out.terms["loss/kl"], plain.terms["loss/kl"])  # KL still over every token

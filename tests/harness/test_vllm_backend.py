@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from harness.config.errors import UnavailableError
+from harness.config.loading import load_run_config
 from harness.config.schema import vllm_backend_problem
-from harness.experiments.loading import load_run_config
 from harness.rl.engines.vllm import (
     MISSING,
     SEED_HIGH,

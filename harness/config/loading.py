@@ -7,30 +7,37 @@ apply `-o key=value` overrides, fill unset `algo.*` keys from `algo.preset`, val
 schema (`harness.config.schema.RunConfig`, strict), then check axis strings against the registries
 of `algorithms.AXES`, `env.name` against `envs.ENVS` and `env.options` against that
 environment's own `Options` model. Each message names the file, the dotted key, the bad value
-and the allowed values (with the closest valid name when there is one).
+and the allowed values (with the closest valid name when there is one);
+`harness.config.keys` holds the dotted-key helpers and the error texts.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
-import re
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import ValidationError
 
 from algorithms import AXES, PRESETS, Registry
 from envs import ENVS
 from envs.registry import env_class
 from harness.config.errors import ConfigError, warn
-from harness.config.schema import RENAMED_KEYS, RunConfig
-
-MISSING = object()
+from harness.config.keys import (
+    MISSING,
+    choice_message,
+    error_paragraph,
+    get_dotted,
+    kind_of,
+    origin_note,
+    set_dotted,
+    show_value,
+    validation_lines,
+)
+from harness.config.schema import RunConfig
 
 
 # ----------------------------------------------------------------------------- YAML
@@ -93,175 +100,6 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key, value
 
 
-# ----------------------------------------------------------------------------- dotted keys
-def get_dotted(tree: Mapping, key: str) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
-
-
-def set_dotted(tree: dict, key: str, value: Any, source: str = "") -> None:
-    parts = key.split(".")
-    node = tree
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part, MISSING)
-        if child is MISSING or child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            where = f"{source}: " if source else ""
-            raise ConfigError(f"{where}cannot set {key!r}: {'.'.join(parts[: i + 1])!r} is {child!r}, not a mapping")
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
-
-
-def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists and empty mappings are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def covers(axis: str, key: str) -> bool:
-    """True when dotted `key` is `axis` or lies under it ("env.options" covers "env.options.size")."""
-    return key == axis or key.startswith(axis + ".") or axis.startswith(key + ".")
-
-
-# ----------------------------------------------------------------------------- schema walking
-def _as_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):  # Optional[Model]
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
-
-
-def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] | None = root
-    for part in loc:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
-            return None
-        model = _as_model(model.model_fields[part].annotation)
-    return model
-
-
-def _field_at(root: type[BaseModel], loc: tuple) -> FieldInfo | None:
-    parent = _model_at(root, loc[:-1])
-    if parent is None or not loc or not isinstance(loc[-1], str):
-        return None
-    return parent.model_fields.get(loc[-1])
-
-
-def literal_choices(annotation: Any) -> list[Any] | None:
-    if typing.get_origin(annotation) is Literal:
-        return list(typing.get_args(annotation))
-    return None
-
-
-def iter_config_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
-    """Every leaf field of the schema as (dotted key, FieldInfo), in declaration order."""
-    for name, info in model.model_fields.items():
-        sub = _as_model(info.annotation)
-        if sub is not None and typing.get_origin(info.annotation) is None:
-            yield from iter_config_fields(sub, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", info
-
-
-# ----------------------------------------------------------------------------- error text
-def show_value(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def kind_of(value: Any) -> str:
-    """What a YAML value is, in words, without echoing it (a file read as YAML may hold anything)."""
-    kinds = {str: "a text", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
-    return kinds.get(type(value), f"a {type(value).__name__}")
-
-
-def _suggest(name: Any, choices: list[str]) -> str:
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _origin_note(key: str, origins: Mapping[str, str]) -> str:
-    for axis, origin in origins.items():
-        if covers(axis, key):
-            return f" (set by {origin})"
-    return ""
-
-
-def choice_message(key: str, value: Any, choices: list[str]) -> str:
-    return (
-        f"{key} = {show_value(value)} is not a valid choice; choose one of: "
-        f"{', '.join(map(str, choices))}.{_suggest(value, choices)}"
-    )
-
-
-def _describe_error(err: Mapping[str, Any], root: type[BaseModel], prefix: str) -> str:
-    loc = tuple(err["loc"])
-    key = ".".join([p for p in prefix.split(".") if p] + [str(p) for p in loc]) or "(top level)"
-    kind, value = err["type"], err.get("input")
-    if kind == "extra_forbidden" and key in RENAMED_KEYS:
-        return f"{key} was renamed to {RENAMED_KEYS[key]}; write {RENAMED_KEYS[key]}: {show_value(value)} instead."
-    if kind == "extra_forbidden":
-        parent = _model_at(root, loc[:-1])
-        valid = list(parent.model_fields) if parent else []
-        level = key.rpartition(".")[0] or "the top level"
-        near = _suggest(loc[-1], valid)
-        if near and "." in key:
-            near = near.replace("'", f"'{key.rpartition('.')[0]}.", 1)
-        return f"unknown key {key!r}.{near} Valid keys under {level}: {', '.join(valid)}."
-    field = _field_at(root, loc)
-    choices = literal_choices(field.annotation) if field is not None else None
-    if kind == "literal_error" and choices:
-        return choice_message(key, value, [str(c) for c in choices])
-    if kind == "missing":
-        return f"{key} is required."
-    msg = _plain(str(err["msg"]).removeprefix("Value error, "))
-    if not loc and not prefix:  # a cross-field check of the whole config
-        return msg if msg.endswith(".") else msg + "."
-    sub = _model_at(root, loc)
-    if sub is not None and kind == "value_error":  # a cross-field check of one section names its keys
-        return msg if msg.endswith(".") else msg + "."
-    if sub is not None and kind in ("model_type", "model_attributes_type", "dict_type"):
-        msg += f" (a mapping with keys: {', '.join(sub.model_fields)})"
-    return f"{key} = {show_value(value)}: {msg}."
-
-
-def _plain(msg: str) -> str:
-    """A pydantic message without the schema's class names ("a valid dictionary or instance of
-    ClipConfig" -> "a valid mapping")."""
-    msg = re.sub(r" or instance of \w+", "", msg)
-    return msg.replace("a valid dictionary", "a valid mapping")
-
-
-def validation_lines(
-    err: ValidationError, root: type[BaseModel] = RunConfig, prefix: str = "", origins: Mapping[str, str] | None = None
-) -> list[str]:
-    """One line per problem pydantic found, each naming the dotted key and the allowed values."""
-    lines = []
-    for e in err.errors(include_url=False):
-        key = ".".join([p for p in prefix.split(".") if p] + [str(p) for p in e["loc"]])
-        lines.append(_describe_error(e, root, prefix) + _origin_note(key, origins or {}))
-    return lines
-
-
-def error_paragraph(source: str, lines: list[str]) -> str:
-    if len(lines) == 1:
-        return f"{source}: {lines[0]}"
-    return f"{source}: {len(lines)} problems:\n" + "\n".join(f"  - {line}" for line in lines)
-
-
 # ----------------------------------------------------------------------------- registries
 def axis_registries() -> dict[str, Registry]:
     """`algorithms.AXES`: dotted config key -> the registry of its values."""
@@ -312,7 +150,7 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
     for key, registry in axis_registries().items():
         value = get_dotted(dump, key)
         if value is not MISSING and value not in registry:
-            problems.append(choice_message(key, value, registry.names()) + _origin_note(key, origins))
+            problems.append(choice_message(key, value, registry.names()) + origin_note(key, origins))
     mixture_problems = _mixture_problems(cfg, origins) if cfg.env.mixture else []
     problems += mixture_problems
     try:
@@ -320,7 +158,7 @@ def check_registries(cfg: RunConfig, source: str, origins: Mapping[str, str] | N
     except KeyError as e:  # UnknownChoiceError: its choices also name envs whose package is missing
         problems.append(
             choice_message("env.name", cfg.env.name, getattr(e, "choices", ENVS.names()))
-            + _origin_note("env.name", origins)
+            + origin_note("env.name", origins)
         )
     else:
         try:
@@ -350,10 +188,10 @@ def _mixture_problems(cfg: RunConfig, origins: Mapping[str, str]) -> list[str]:
             for err in e.errors(include_url=False):
                 key = ".".join(["env.mixture", str(i), *map(str, err["loc"])])
                 problems.append(
-                    f"{key}: {err['msg'].removeprefix('Value error, ')}" + _origin_note("env.mixture", origins)
+                    f"{key}: {err['msg'].removeprefix('Value error, ')}" + origin_note("env.mixture", origins)
                 )
         except KeyError as e:  # an unknown member env: the message lists the environments
-            problems.append(f"env.mixture.{i}.name: {e}" + _origin_note("env.mixture", origins))
+            problems.append(f"env.mixture.{i}.name: {e}" + origin_note("env.mixture", origins))
     if problems:
         return problems
     try:
