@@ -282,7 +282,29 @@ def axes_markdown() -> str:
         "| --- |" + " --- |" * len(PRESETS),
     ]
     lines += [f"| `algo.{k}` | " + " | ".join(f"`{PRESETS[p].get(k, '-')}`" for p in PRESETS) + " |" for k in keys]
+    lines += ["", "### Config choices: the other choice-valued settings `harness axes` lists", ""]
+    lines += ["| key | values | default | what it does |", "| --- | --- | --- | --- |"]
+    bar = " \\| "  # a | inside a table cell
+    lines += [
+        f"| `{key}` | {bar.join(f'`{c}`' for c in choices)} | `{default}` | {cell(doc)} |"
+        for key, choices, default, doc in config_choices()
+    ]
     return "\n".join(lines)
+
+
+def config_choices() -> list[tuple[str, tuple, object, str]]:
+    """(key, values, default, doc) of every choice-valued config setting that is not a registry axis:
+    what `harness axes` prints under "Config choices" and the generated list in docs/algorithms.md."""
+    from harness.config.keys import iter_config_fields, literal_choices
+    from harness.config.loading import axis_registries
+
+    registries = axis_registries()
+    out = []
+    for key, info in iter_config_fields():
+        choices = literal_choices(info.annotation)
+        if choices and key not in registries:
+            out.append((key, tuple(choices), info.default, info.description or ""))
+    return out
 
 
 def write_generated_block(path: Path, text: str) -> None:
@@ -326,7 +348,6 @@ def axes(
 
     Generated from the registries of algorithms.AXES, followed by the choice-valued settings of
     the config schema (context.policy, algo.kl.where, ...)."""
-    from harness.config.keys import iter_config_fields, literal_choices
     from harness.config.loading import axis_registries
 
     if write_doc is not None:
@@ -346,13 +367,8 @@ def axes(
         print()
     _print_presets()
     print("Config choices (set in YAML; from the schema):")
-    for key, info in iter_config_fields():
-        choices = literal_choices(info.annotation)
-        if choices and key not in registries:
-            print(
-                f"  {key}: {' | '.join(map(str, choices))}  (default {info.default})  "
-                f"{_first_line(info.description or '')}"
-            )
+    for key, choices, default, doc in config_choices():
+        print(f"  {key}: {' | '.join(map(str, choices))}  (default {default})  {_first_line(doc)}")
     print("\nFormulas, defaults and sources of every value: docs/algorithms.md")
 
 
