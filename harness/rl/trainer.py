@@ -185,6 +185,8 @@ class Trainer:
         # training cost: episodes and generated tokens of the rollouts trained on (refills included)
         # and wall time of the training loop, evaluations included
         out.update({f"cost/{k}": float(v) for k, v in state.get("cost", {}).items()})
+        # which weights RL started from: tiny:<key>, packaged:<name>-<hash>, a folder or a hub id; sft:<key>
+        out.update({f"model/{k}": self.policy.info[k] for k in ("base", "sft") if k in self.policy.info})
         return out
 
 
