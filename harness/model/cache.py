@@ -9,7 +9,7 @@ read. A folder without its `DONE` marker is never read.
 
 A build runs on up to `BUILD_THREADS` CPU threads whatever `train.threads` says: the other points
 are blocked on its lock meanwhile, so their cores would idle. On this project's tiny models the
-result is bit-identical to a one-thread build (tests/harness/test_models.py checks the tiny model
+result is bit-identical to a one-thread build (tests/harness/model/test_models.py checks the tiny model
 and the SFT warm-up; the shipped clipping sweep's metrics, evaluation before RL included, were
 compared byte for byte). The record says how many threads built the entry.
 """

@@ -161,14 +161,27 @@ def test_choice_format(cache):
     assert result.info["won"]
 
 
-def test_episodes_end_within_a_turn_budget(cache):
+def test_random_play_with_nonsense_keeps_the_episode_consistent(cache):
+    """Random admissible actions mixed with nonsense: nonsense is a format error that neither ends the
+    episode nor changes the admissible list; every step returns an observation and admissible actions."""
     env, rng = make(cache), random.Random(3)
     _, info = env.reset(5)
+    nonsense = 0
     for _ in range(15):
-        result = env.step(rng.choice(info["admissible"] + ["nonsense"]))
+        action = rng.choice(info["admissible"] + ["nonsense"])
+        result = env.step(action)
+        assert isinstance(result.observation, str) and result.observation
+        if action == "nonsense":
+            nonsense += 1
+            assert result.info["format_error"] and not result.done and result.reward <= 0
+            assert result.info["admissible"] == info["admissible"]
+        else:
+            assert not result.info["format_error"]
         info = result.info
         if result.done:
             break
+        assert info["admissible"]
+    assert nonsense > 0  # the seed above draws nonsense at least once
 
 
 def test_official_data_folder_is_used_when_present(cache, tmp_path, monkeypatch):

@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
 from envs.vector import VectorEnv
-
-sys.path.insert(0, str(Path(__file__).parent))
-import faulty_env_helper  # noqa: E402,F401  (registers the "faulty" env)
+from tests.support import faulty_env  # noqa: E402,F401  (registers the "faulty" env)
 
 NAMES = ["frozenlake", "sokoban", "tooluse"]
 MOVES = {

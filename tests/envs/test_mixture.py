@@ -138,10 +138,10 @@ def test_training_on_a_mixture_end_to_end(tmp_path):
 
     from harness.experiments.tracking import RunLogger
     from harness.rl.trainer import Trainer, train
-    from tests.harness import baseline_run
-    from tests.harness.test_invariance import _merge
+    from tests.helpers import baseline as baseline_run
+    from tests.helpers.configs import merge
 
-    raw = _merge(
+    raw = merge(
         baseline_run.CONFIG,
         {
             "env": {

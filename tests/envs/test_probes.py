@@ -134,11 +134,11 @@ def test_training_on_a_probe_logs_the_paired_heldout_check(tmp_path):
     from harness.config.schema import RunConfig
     from harness.experiments.tracking import RunLogger
     from harness.rl.trainer import train
-    from tests.harness import baseline_run
-    from tests.harness.test_invariance import _merge
+    from tests.helpers import baseline as baseline_run
+    from tests.helpers.configs import merge
 
     cfg = RunConfig.model_validate(
-        _merge(
+        merge(
             baseline_run.CONFIG,
             {
                 "env": {"options": {"checker": "lenient"}, "heldout_tasks": 8},

@@ -1,0 +1,52 @@
+"""`harness bench` measures both sides of every ratio in one process (smoke, tiny sizes)."""
+
+import math
+
+import torch
+
+from harness.bench.run import run_bench
+from tests.helpers.configs import cfg_with
+
+
+def test_bench_reports_both_sides_and_ratios():
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
+    out = run_bench(cfg, steps=1, parts=("memory", "trl"))
+    mem = out["logprob_peak_memory"]
+    assert mem["naive_bytes"] > 0 and mem["chunked_bytes"] > 0
+    assert math.isclose(mem["ratio"], mem["chunked_bytes"] / mem["naive_bytes"], rel_tol=1e-6)
+    trl = out["update_vs_trl_grpo"]
+    assert trl["ours_s"] > 0 and trl["trl_s"] > 0 and trl["episodes"] == 4
+    assert math.isclose(trl["ratio"], trl["ours_s"] / trl["trl_s"])
+
+
+def test_concurrent_bench_times_both_loops_on_the_same_updates():
+    from harness.bench.run import bench_concurrent
+
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
+    out = bench_concurrent(cfg, updates=2, staleness=1, repeats=1)
+    assert out["synchronous_s"] > 0 and out["concurrent_s"] > 0 and out["updates"] == 2
+    assert math.isclose(out["ratio"], out["concurrent_s"] / out["synchronous_s"])
+    assert 0.0 <= out["mean_staleness"] <= 1.0
+
+
+def test_engine_and_update_benches_report_every_side():
+    """The shape parts at the CPU stand-in, tiny sizes: every engine generated the same number of
+    tokens (asserted inside), ratios are consistent, the floor exceeds what any engine reaches."""
+    from harness.bench.engines import bench_engines, bench_update, kv_bytes, random_model, weight_bytes
+
+    out = bench_engines("small", device="cpu", dtype="float32", batches=(2,), prompt=16, new_tokens=4, repeats=1)
+    row = out["by_batch"]["2"]
+    for engine in ("generate", "hf", "static"):
+        assert row[f"{engine}_tokens_per_s"] > 0
+        assert math.isclose(
+            row[f"{engine}_fraction_of_floor"], row[f"{engine}_tokens_per_s"] / row["floor_tokens_per_s"]
+        )
+        assert row[f"{engine}_fraction_of_floor"] < 1
+    assert math.isclose(row["static_vs_generate"], row["static_tokens_per_s"] / row["generate_tokens_per_s"])
+    model = random_model("small", "cpu", torch.float32)
+    assert out["weight_bytes"] == weight_bytes(model) == sum(p.numel() * 4 for p in model.parameters())  # tied: once
+    # K and V of 4 layers x 2 kv heads x 64 dims, float32
+    assert kv_bytes(model, batch=3, context=10) == 2 * 4 * 3 * 2 * 64 * 10 * 4
+    up = bench_update("small", device="cpu", dtype="float32", batch=1, tokens=32, repeats=1)
+    for side in ("checkpointing", "no_checkpointing"):
+        assert up[side]["tokens_per_s"] > 0 and up[side]["peak_extra_bytes"] > 0
