@@ -17,8 +17,8 @@ from .types import KLFn
 
 KL_ESTIMATOR: Registry[KLFn] = Registry("algo.kl.estimator", "KL(pi || pi_ref) estimator per token")
 
-# Like the ratio clamp of the policy loss; verl clamps only k3's *output* to [-10, 10],
-# which also zeroes its gradient there. Clamping d keeps exp finite and the gradient alive.
+# Like the token ratio clamp of the policy loss. verl's k3 (low_var_kl) clamps d to [-20, 20] too and also its
+# *output* to [-10, 10], which zeroes the gradient there; we keep the gradient (docs/algorithms.md#kl).
 KL_LOG_RATIO_CLAMP = 20.0
 
 

@@ -21,7 +21,10 @@ POLICY_LOSS: Registry[PolicyLossFn] = Registry(
     "algo.clip.level", "importance-ratio level and clipping of the policy loss"
 )
 
-LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| clamped before exp (verl)
+LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| clamped before exp (verl compute_policy_loss_vanilla)
+# the sequence levels clamp the mean log-ratio above only, at 10, as verl compute_policy_loss_gspo: past it the
+# ratio is a constant e^10 and the token gets no gradient (docs/algorithms.md#clipping)
+SEQ_LOG_RATIO_MAX = 10.0
 
 
 def _log_ratio(logp, old_logp, mask, params: ClipParams) -> torch.Tensor:
@@ -86,10 +89,16 @@ def token_level(logp, old_logp, advantages, mask, action_id, traj_id, params: Cl
 
 
 def _segment_ratio(logp, old_logp, mask, seg, params: ClipParams) -> torch.Tensor:
-    """GSPO token form (B,T): s_k = sg[exp(mean_seg log w)] * exp(logp_k - sg[logp_k])."""
-    seq_lr = segment_mean(_log_ratio(logp, old_logp, mask, params).detach(), seg, mask)
-    lp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
-    return torch.exp(seq_lr) * torch.exp(lp - lp.detach())
+    """GSPO token form (B,T): s_k = sg[exp(min(mean_seg log w, 10))] * exp(logp_k - sg[logp_k]), the gradient
+    factor dropped where the mean log-ratio exceeds 10 (verl clamps the sum, which zeroes its gradient there).
+    The token log-ratios enter the mean unclamped, as in verl (an outlier token moves the mean in full)."""
+    m = mask.bool()
+    raw = torch.where(m, logp - old_logp, torch.zeros_like(logp)).detach()
+    seq_lr = segment_mean(raw, seg, mask)
+    lp = torch.where(m, logp, torch.zeros_like(logp))
+    grad = lp - lp.detach()
+    over = seq_lr > SEQ_LOG_RATIO_MAX
+    return torch.exp(seq_lr.clamp(max=SEQ_LOG_RATIO_MAX)) * torch.exp(torch.where(over, torch.zeros_like(grad), grad))
 
 
 @POLICY_LOSS.register(
