@@ -32,6 +32,13 @@ class EnvConfig(Strict):
     train_tasks: int = F(
         0, "Size of the training task pool (0 = a fresh task seed for every group).", ge=0, le=MAX_COUNT
     )
+    task_order: Literal["shared", "seeded"] = F(
+        "shared",
+        "Which fresh train tasks each seed plays (env.train_tasks = 0). shared: every train.seed plays the same "
+        "task sequence (seeds differ in sampling and initialisation only; paired across points and seeds); "
+        "seeded: train.seed s plays its own disjoint block of the train seeds, so seed-to-seed variation includes "
+        "the tasks (docs/trainer.md#task-order). A pool (env.train_tasks > 0) is always drawn with train.seed.",
+    )
     heldout_tasks: int = F(64, "Held-out tasks used for evaluation (disjoint from training tasks).", ge=1, le=MAX_COUNT)
     skip_demo_tasks: bool = F(
         False,

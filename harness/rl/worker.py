@@ -127,8 +127,12 @@ class RolloutWorker:
             return [
                 self.train_pool[i] for i in rng.choice(len(self.train_pool), size=k, replace=k > len(self.train_pool))
             ]
-        # a fresh task for every group: the (update, round) block of the train seed sequence
-        start = self.task_offset + (update * (1 + self.cfg.algo.filter.max_extra_rounds) + round_) * k
+        # a fresh task for every group: the (update, round) block of the train seed sequence, after the run's
+        # own horizon of blocks when each seed plays its own tasks (env.task_order: seeded)
+        rounds = 1 + self.cfg.algo.filter.max_extra_rounds
+        start = self.task_offset + (update * rounds + round_) * k
+        if self.cfg.env.task_order == "seeded":
+            start += self.cfg.train.seed * (self.cfg.train.updates + 1) * rounds * k
         seeds = ENVS.get(self.cfg.env.name).task_seeds("train", start + k, self.cfg.env.options)
         return seeds[start:]
 
