@@ -269,19 +269,22 @@ def bench_update(
     checkpointing: tokens/s (median of `repeats` after a warm-up) and peak memory."""
     from peft import LoraConfig, get_peft_model
 
+    from harness.model.base import peft_reads_deprecated_attributes
+
     out: dict = {"shape": shape, "dtype": dtype, "device": device, "batch": batch, "tokens": tokens, "lora_r": lora_r}
     for checkpointing in (True, False):
         model = random_model(shape, device, DTYPES[dtype])
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora_r,
-                lora_alpha=2 * lora_r,
-                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-            ),
-        )
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        with peft_reads_deprecated_attributes():
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora_r,
+                    lora_alpha=2 * lora_r,
+                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                ),
+            )
         model.train()
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=g).to(device)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -144,6 +147,31 @@ def wrap_lora(model: nn.Module, lora, seed: int) -> nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), peft_reads_deprecated_attributes():
         torch.manual_seed(seed)
         return get_peft_model(model, conf)
+
+
+@contextmanager
+def peft_reads_deprecated_attributes() -> Iterator[None]:
+    """Around `get_peft_model`: peft (0.21.2, the newest) reads `model.is_gradient_checkpointing`, which
+    transformers >= 5.24 deprecates in favour of `is_activation_checkpointing` with a FutureWarning at
+    every point. peft only reads it; our own code uses the activation-checkpointing API."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' own progress bars off (save_pretrained's "Writing model shards" bar), so a save inside
+    a point, a sweep or `harness eval` writes nothing to the terminal; restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

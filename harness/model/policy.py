@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from harness.config.schema import RunConfig
-from harness.model.base import DTYPES, chat_format, load_pretrained, wrap_lora
+from harness.model.base import DTYPES, chat_format, load_pretrained, no_progress_bars, wrap_lora
 from harness.model.logprobs import hidden_states
 from harness.transcript.chat import ChatFormat
 
@@ -95,7 +95,8 @@ class Policy:
         The tokenizer and the value head (value_head.pt) are saved beside it."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(path))
+        with no_progress_bars():
+            self.model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
         torch.save(self.value_head.state_dict(), path / "value_head.pt")
         return path
@@ -107,7 +108,7 @@ def attach_adapter(cfg: RunConfig, source: str, info: dict, device: torch.device
     chat = chat_format(tok, source)
     model.to(device)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ref = None
     if cfg.model.finetune == "lora":
         model = wrap_lora(model, cfg.model.lora, cfg.train.seed)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.config.schema import RunConfig
-from harness.model.base import DTYPES, load_pretrained, wrap_lora
+from harness.model.base import DTYPES, load_pretrained, no_progress_bars, wrap_lora
 from harness.model.cache import build_once, code_version, content_hash, read_record
 from harness.model.supervised import DemoSource, sft_train
 from harness.model.tiny import code_key
@@ -96,7 +96,8 @@ def sft_warmup(
         )
         if cfg.model.finetune == "lora":
             model = train.merge_and_unload()
-        model.save_pretrained(str(out))
+        with no_progress_bars():
+            model.save_pretrained(str(out))
         tok.save_pretrained(str(out))
         return {"sft": metrics, "demo_seeds": [start, used], "demos": len(warmup)}
 

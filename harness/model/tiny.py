@@ -97,7 +97,8 @@ def _build_tiny(cfg: RunConfig, out: Path, demos: DemoSource) -> dict:
             progress=lambda done, total: demos.report(stage, done, total),
         )
     tok.save_pretrained(str(out))
-    model.save_pretrained(str(out))
+    with base.no_progress_bars():
+        model.save_pretrained(str(out))
     # demo_seed_index: the SFT warm-up takes its demonstrations from the train seeds after these
     return {
         "parameters": sum(p.numel() for p in model.parameters()),
