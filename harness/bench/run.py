@@ -5,7 +5,8 @@ below are what we aim for.
 
 - rollout throughput, batched (B=16) vs one episode at a time          target >= 5x
 - generation cost of turn 8 vs turn 1, concatenated layout, KV reuse   target <= 1.5x
-- one update vs TRL's GRPOTrainer step, same model / LoRA / tokens     target <= 1.0x the time
+- one update vs TRL's GRPOTrainer step, same model / LoRA and the same number of generated
+  tokens on both sides (every completion forced to rollout.max_new_tokens)   target <= 1.0x the time
 - peak memory of the log-prob computation vs a naive log-softmax      target <= 0.25x
 - a training loop with the concurrent rollout process vs the synchronous loop (--only concurrent)
 - generation engines at a real model's shape (harness.bench.engines): HF `generate` vs our sampler
@@ -16,6 +17,11 @@ below are what we aim for.
 - the update at a real model's shape: tokens/s and peak memory, with and without activation
   checkpointing                                                      target (GPU, 0.5B, 8 x 2048):
                                                                       peak <= 16 GiB
+- a real model on this machine (--only real, harness.bench.real): the matmul floor, HF `generate`
+  vs our engines at batches 32 and 1, seconds per update split into rollout / log-probs / update
+                                                                      target (CPU, SmolLM2-135M, B=32):
+                                                                      sampler >= 40% of the floor and
+                                                                      >= 1x generate
 On a GPU the shape parts default to Qwen2.5-0.5B's shape in bf16 (batches 64 and 256, 512-token
 prompts, 256 new tokens; update 8 x 2048); on a CPU to a small stand-in in float32 (batches 4 and
 16, 128 + 32 tokens; update 2 x 256), so that `harness bench` prints the same figures everywhere.
@@ -26,6 +32,8 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -82,35 +90,61 @@ class _NullLogger:
 
 
 def _single_turn(cfg: RunConfig) -> RunConfig:
-    """The single-turn case of the comparison: one turn, no evaluation, no MI proxy."""
+    """The single-turn case of the comparison: one turn, no evaluation, no MI proxy, no constraint
+    (TRL samples unconstrained)."""
     d = cfg.model_dump()
     d["turns"].update({"max": 1, "curriculum": []})
     d["train"].update({"eval_every": 0, "mi_every": 0})
     d["algo"].update({"epochs": 1, "minibatches": 1})
+    d["rollout"].update({"constrain": False})
     return RunConfig.model_validate(d)
 
 
-def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], int]:
-    """Seconds of our rollout + update per step (first step is warm-up); completion tokens/step."""
+@contextmanager
+def never_ends(model, token_id: int) -> Iterator[None]:
+    """Every forward of `model` gives `token_id` the lowest logit, so no action ends before
+    rollout.max_new_tokens: what HF's `min_new_tokens` does to the end token during generation,
+    here for our sampler (the update sees the same logits, so its work is unchanged)."""
+    head = model.get_output_embeddings()
+
+    def hook(_module, _inputs, logits):
+        logits[..., token_id] = torch.finfo(logits.dtype).min
+        return logits
+
+    handle = head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int], list[int]]:
+    """Seconds of our rollout + update per step (first step is warm-up), and per timed step the
+    completion tokens and all tokens trained (prompts included); every action is forced to
+    rollout.max_new_tokens tokens (`never_ends`)."""
     from harness.rl.trainer import Trainer
 
     cfg = _single_turn(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp), _NullLogger())
         try:
-            times, tokens = [], 0
-            for k in range(steps + 1):
-                t0 = time.perf_counter()
-                m = tr.one_update(k + 1)
-                times.append(time.perf_counter() - t0)
-                tokens = int(m.get("perf/rollout_tokens", 0))
+            times, tokens, trained = [], [], []
+            with never_ends(tr.policy.model, tr.policy.chat.eot_id):
+                for k in range(steps + 1):
+                    t0 = time.perf_counter()
+                    m = tr.one_update(k + 1)
+                    times.append(time.perf_counter() - t0)
+                    tokens.append(int(m.get("perf/rollout_tokens", 0)))
+                    trained.append(int(m.get("perf/train_tokens", 0)))
         finally:
             tr.close()
-    return times[1:], tokens
+    return times[1:], tokens[1:], trained[1:]
 
 
-def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
-    """Seconds per GRPOTrainer step on the same base model, LoRA config and batch shape."""
+def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int], float]:
+    """Seconds per GRPOTrainer step on the same base model, LoRA config and batch shape (first
+    step is warm-up), the completion tokens of each timed step (every completion forced to
+    rollout.max_new_tokens by `min_new_tokens`), and the mean prompt length in tokens."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -130,8 +164,10 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
         obs, _ = env.reset(seed)
         prompts.append(prompt_text(env.instructions, obs))
     valid = {"up", "down", "left", "right"}
+    completion_tokens: list[int] = []  # per reward call (one per step)
 
-    def reward(completions, **_):  # cheap and env-like: 1 for a valid move
+    def reward(completions, completion_ids=None, **_):  # cheap and env-like: 1 for a valid move
+        completion_tokens.append(sum(len(ids) for ids in completion_ids or []))
         return [float(c.strip().lower() in valid) for c in completions]
 
     times: list[float] = []
@@ -151,6 +187,7 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
             per_device_train_batch_size=n,
             num_generations=ro.group_size,
             max_completion_length=ro.max_new_tokens,
+            generation_kwargs={"min_new_tokens": ro.max_new_tokens},  # equal work: no early end
             max_steps=steps + 1,
             report_to=[],
             use_cpu=bench_device(cfg) == "cpu",
@@ -174,7 +211,31 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], float]:
             ),
         )
         trainer.train()
-    return times[1:], float(n * ro.max_new_tokens)
+    prompt_tokens = statistics.mean(len(policy.tokenizer(p)["input_ids"]) for p in prompts)
+    return times[1:], completion_tokens[1:], prompt_tokens
+
+
+def bench_trl(cfg: RunConfig, steps: int) -> dict:
+    """One update of ours vs one GRPOTrainer step, the same number of generated tokens on both sides."""
+    ours, tokens, trained = ours_update_seconds(cfg, steps)
+    trl, trl_tokens, trl_prompt = trl_step_seconds(cfg, steps)
+    n = cfg.rollout.tasks_per_update * cfg.rollout.group_size
+    ours_s, trl_s = statistics.median(ours), statistics.median(trl)
+    ours_tok, trl_tok = statistics.median(tokens), statistics.median(trl_tokens)
+    return {
+        "ours_s": ours_s,
+        "trl_s": trl_s,
+        "ratio": ours_s / trl_s,
+        "ours_completion_tokens": ours_tok,  # per step, measured
+        "trl_completion_tokens": trl_tok,
+        "forced_completion_tokens": n * cfg.rollout.max_new_tokens,
+        "ours_tokens_per_s": ours_tok / ours_s,  # generated tokens per second of a whole step
+        "trl_tokens_per_s": trl_tok / trl_s,
+        "ours_prompt_tokens_per_episode": (statistics.median(trained) - ours_tok) / n,
+        "trl_prompt_tokens_per_episode": trl_prompt,
+        "episodes": n,
+        "steps": steps,
+    }
 
 
 # sizes of the shape parts (harness.bench.engines) on each kind of device
@@ -224,16 +285,11 @@ def run_bench(
         out["logprob_peak_memory"] = bench_logprob_memory(policy.model)
         out["logprob_peak_memory_qwen05b_head"] = bench_logprob_memory(qwen05b_shaped_head_model().to(device), 2, 512)
     if "trl" in parts:
-        ours, tokens = ours_update_seconds(cfg, steps)
-        trl, trl_tokens = trl_step_seconds(cfg, steps)
-        out["update_vs_trl_grpo"] = {
-            "ours_s": statistics.median(ours),
-            "trl_s": statistics.median(trl),
-            "ratio": statistics.median(ours) / statistics.median(trl),
-            "ours_completion_tokens": tokens,
-            "trl_max_completion_tokens": trl_tokens,
-            "episodes": cfg.rollout.tasks_per_update * cfg.rollout.group_size,
-        }
+        out["update_vs_trl_grpo"] = bench_trl(cfg, steps)
+    if "real" in parts:
+        from harness.bench.real import bench_real
+
+        out["real"] = bench_real(cfg, updates=steps)
     if "sandbox" in parts:
         from harness.bench.sandbox import bench_sandbox
 

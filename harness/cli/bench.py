@@ -12,7 +12,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import load_run_config
 
 PARTS = ("rollout", "memory", "trl", "engines", "update", "sandbox")  # the default set
-ALL_PARTS = (*PARTS, "concurrent")
+ALL_PARTS = (*PARTS, "concurrent", "real")
 SHAPES = ("0.5b", "1.5b", "small")
 
 
@@ -25,7 +25,8 @@ def bench_command(
     only: list[str] = typer.Option(
         [],
         "--only",
-        help="rollout, memory, trl, engines, update, sandbox and/or concurrent (default: all but concurrent).",
+        help="rollout, memory, trl, engines, update, sandbox, concurrent and/or real "
+        "(default: all but concurrent and real).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
     shape: str | None = typer.Option(
@@ -37,11 +38,15 @@ def bench_command(
     """Speed and memory ratios against baselines measured in the same process (not pass/fail).
 
     rollout: batched (B=16) vs sequential tokens/s, and turn-8 vs turn-1 generation cost;
-    memory: chunked vs naive log-prob peak memory; trl: one update vs a TRL GRPOTrainer step;
+    memory: chunked vs naive log-prob peak memory; trl: one update vs a TRL GRPOTrainer step, the
+    same number of generated tokens on both sides;
     concurrent: the training loop with a concurrent rollout process vs the synchronous loop;
     engines: HF generate vs our sampler (hf, static) vs the bandwidth floor at a real model's shape;
     update: tokens/s and peak memory of a LoRA update at that shape, with and without checkpointing;
-    sandbox: seconds per call of the code sandbox vs the same interpreter run bare."""
+    sandbox: seconds per call of the code sandbox vs the same interpreter run bare;
+    real: the config's model (e.g. smollm2-135m-instruct) on this machine: the matmul floor, HF
+    generate vs our engines at batches 32 and 1, and `--steps` updates split into rollout, log-probs
+    and update, with the peak resident memory."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]

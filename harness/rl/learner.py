@@ -60,13 +60,14 @@ class Learner:
         if c.algo.distill.coef > 0:  # the teacher's log-probs, with the judge's hints (algo.distill)
             teacher = teacher_stream(self.teacher, self.policy.chat, kept, c, train.stream_mask.shape[1])
             train = replace(train, teacher_logp=teacher.logp, distill_mask=teacher.mask)
-        metrics.update(run_update(self.policy, self.optimizer, train, c, stream(c.train.seed, update, 99)))
+        split: dict[str, float] = {}  # logprobs_s: the behaviour and reference log-probs' share of update_s
+        metrics.update(run_update(self.policy, self.optimizer, train, c, stream(c.train.seed, update, 99), split))
         metrics.update(self.diagnostics(update, batch.all_eps))
         metrics["train/skipped_empty"] = 0.0
         metrics["perf/train_tokens"] = float(train.attention_mask.sum())
         # wall times vary between identical runs: they go to timings.jsonl, so that
         # metrics.jsonl stays bit-identical for the same config and seed
-        seconds = {"rollout_s": batch.seconds, "update_s": time.time() - t0}
+        seconds = {"rollout_s": batch.seconds, "update_s": time.time() - t0, **split}
         if batch.judge_s is not None:  # included in rollout_s
             seconds["judge_s"] = batch.judge_s
         return metrics, seconds

@@ -10,6 +10,7 @@ behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -204,10 +205,22 @@ def _minibatch_step(
     return torch.nn.utils.clip_grad_norm_(params, a.grad_clip if a.grad_clip > 0 else float("inf"))
 
 
-def run_update(policy, optimizer, batch: TrainBatch, cfg: RunConfig, generator: torch.Generator) -> dict[str, float]:
-    """One update on `batch`; returns its metrics, reduced once at the end."""
+def run_update(
+    policy,
+    optimizer,
+    batch: TrainBatch,
+    cfg: RunConfig,
+    generator: torch.Generator,
+    seconds: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """One update on `batch`; returns its metrics, reduced once at the end. seconds: if a dict,
+    `logprobs_s` (wall time of the behaviour and reference log-probs) is set in it; wall times
+    stay out of the metrics, which are bit-identical for the same config and seed."""
     a = cfg.algo
+    t0 = time.perf_counter()
     fwd = behaviour_forward(policy, batch, cfg)  # eval mode
+    if seconds is not None:
+        seconds["logprobs_s"] = time.perf_counter() - t0
     adv, returns = advantages(batch, fwd, cfg)
     distilled = None
     if a.distill.coef > 0 and batch.teacher_logp is not None:  # algo.distill: after normalisation, unclipped
