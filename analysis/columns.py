@@ -1,10 +1,11 @@
 """The columns of the table that show what changed: start, final, gain, Δ to the baseline, Δ at
 equal episodes, cost, and the minimum detectable effect.
 
-With per-task results (eval_tasks.jsonl) every estimate is over the seeds x tasks grid: a
-two-level bootstrap (seeds and tasks resampled independently), with gain (final - start, same
-point) and Δ (cell - its group's baseline) paired by seed and task. Without them the grid has
-one column per seed (the summary's value), and everything reduces to the per-seed bootstrap.
+With per-task results (eval_tasks.jsonl) every estimate is over the seeds x tasks grid
+(analysis.intervals, docs/algorithms.md#statistics), with gain (final - start, same point) and Δ
+(cell - its group's baseline) the interval of the paired differences, by seed and task. Without
+them the grid has one column per seed (the summary's value), and everything reduces to the t
+interval over seeds.
 
 Compute-matched comparison: when a cell's mean episode budget differs from its baseline's by
 more than COST_TOLERANCE, `Δ @ equal episodes` compares both at the smaller of the two budgets,
@@ -20,19 +21,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.stats import (
-    Components,
-    Difference,
-    Power,
-    crossed_bootstrap,
-    mde80,
-    pooled_components,
-    separate_bootstrap,
+from analysis.intervals import (
+    Design,
+    Interval,
+    grid_interval,
+    pooled_design,
+    separate_interval,
+    unpaired_interval,
+    verdicts,
 )
 from analysis.tasks import Scores, at_budget
 
 COST_TOLERANCE = 0.05
-START, FINAL, GAIN, DELTA, MATCHED = "start", "final", "gain", "Δ", "Δ@"
+START, FINAL, GAIN, DELTA, VERDICT, MATCHED = "start", "final", "gain", "Δ", "verdict", "Δ@"
 COST = {"episodes": "cost/episodes", "tokens": "cost/generated_tokens", "wall": "cost/wall_s"}
 
 
@@ -41,7 +42,7 @@ class Block:
     """Estimates per cell and column, and what the notes need."""
 
     columns: list[str]
-    est: dict[str, dict[str, Difference | None]] = field(default_factory=dict)  # cell -> column -> estimate
+    est: dict[str, dict[str, Interval | None]] = field(default_factory=dict)  # cell -> column -> estimate
     paired: dict[str, bool] = field(default_factory=dict)  # cell -> Δ paired by seed
     other_tasks: set[str] = field(default_factory=set)  # cells whose held-out tasks are not the baseline's
     cost: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> episodes/tokens/wall (mean)
@@ -50,6 +51,8 @@ class Block:
     diffs: list[np.ndarray] = field(default_factory=list)  # paired Δ grids of the sweep's own group
     gain_grids: dict[str, np.ndarray] = field(default_factory=dict)  # cell -> paired gain grid
     tasks: int = 0
+    verdicts: dict[str, tuple[str, float]] = field(default_factory=dict)  # cell -> (verdict, Holm-adjusted p)
+    tested: str = ""  # the column the verdicts are about: Δ, else gain
 
 
 def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:
@@ -79,20 +82,24 @@ def _seeds(rows: pd.DataFrame, scores: Scores, when: str) -> dict[int, str]:
     return out
 
 
-def _estimate(grid: list[np.ndarray], paired: bool, boot: dict) -> Difference | None:
+def _estimate(grid: list[np.ndarray], paired: bool) -> Interval | None:
+    """One grid: its mean; two: their difference, paired by seed and task (the interval of the
+    per-seed, per-task differences) or, when the seeds differ, unpaired by seed."""
     if grid[0].size == 0 or (len(grid) > 1 and grid[1].size == 0):
         return None
-    return crossed_bootstrap(grid[0], grid[1] if len(grid) > 1 else None, paired=paired, **boot)
+    if len(grid) == 1:
+        return grid_interval(grid[0])
+    return grid_interval(grid[0] - grid[1]) if paired else unpaired_interval(grid[0], grid[1])
 
 
-def _cell(block: Block, c: str, rows: pd.DataFrame, scores: Scores, boot: dict) -> None:
+def _cell(block: Block, c: str, rows: pd.DataFrame, scores: Scores) -> None:
     starts, finals = _seeds(rows, scores, "start"), _seeds(rows, scores, "final")
     e = block.est.setdefault(c, {})
-    e[START] = _estimate(grids(scores, [[(p, "start") for p in starts.values()]]), True, boot)
-    e[FINAL] = _estimate(grids(scores, [[(p, "final") for p in finals.values()]]), True, boot)
+    e[START] = _estimate(grids(scores, [[(p, "start") for p in starts.values()]]), True)
+    e[FINAL] = _estimate(grids(scores, [[(p, "final") for p in finals.values()]]), True)
     both = [p for s, p in finals.items() if s in starts]
     gain = grids(scores, [[(p, "final") for p in both], [(p, "start") for p in both]])
-    e[GAIN] = _estimate(gain, True, boot)
+    e[GAIN] = _estimate(gain, True)
     if gain[0].size:
         block.gain_grids[c] = gain[0] - gain[1]
 
@@ -117,10 +124,10 @@ def task_identity(row: pd.Series, neutral: frozenset[str] = frozenset()) -> str:
     return "; ".join(f"{k}={unweighted(row.get(k))!r}" for k in keys if k in row.index)
 
 
-def _delta(block: Block, c: str, rows, base_rows, scores: Scores, boot: dict, own_group: bool, when) -> Difference:
+def _delta(block: Block, c: str, rows, base_rows, scores: Scores, own_group: bool, when) -> Interval | None:
     """Cell minus baseline at `when` ('final' or an episode budget); paired when the seeds match.
     A cell evaluated on other tasks than its baseline's (`task_identity`) is compared unpaired, each
-    side on its own tasks (`separate_bootstrap`), and never enters the MDE's paired differences."""
+    side on its own tasks (`separate_interval`), and never enters the MDE's paired differences."""
     a, b = _seeds(rows, scores, "final"), _seeds(base_rows, scores, "final")
     if c in block.other_tasks:
         block.paired[c] = False
@@ -128,7 +135,7 @@ def _delta(block: Block, c: str, rows, base_rows, scores: Scores, boot: dict, ow
         right = grids(scores, [[(p, when) for p in b.values()]])[0]
         if left.size == 0 or right.size == 0:
             return None
-        return separate_bootstrap(left, right, **boot)
+        return separate_interval(left, right)
     paired = set(a) == set(b)
     left = [(a[s], when) for s in (sorted(a) if paired else a)]
     right = [(b[s], when) for s in (sorted(b) if paired else b)]
@@ -136,7 +143,7 @@ def _delta(block: Block, c: str, rows, base_rows, scores: Scores, boot: dict, ow
     if own_group and paired and grid[0].size and when == FINAL:
         block.diffs.append(grid[0] - grid[1])
     block.paired[c] = paired
-    return _estimate(grid, paired, boot)
+    return _estimate(grid, paired)
 
 
 def _cost(rows: pd.DataFrame, totals: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -149,12 +156,12 @@ def _cost(rows: pd.DataFrame, totals: dict[str, dict[str, float]]) -> dict[str, 
     return out
 
 
-def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, boot: dict) -> Block:
+def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals) -> Block:
     """The start/final/gain/Δ (and Δ@ when costs differ) estimates of every cell."""
     has_start = any(scores.at(p, "start") is not None for p in done["point"])
     block = Block([START, FINAL, GAIN] if has_start else [FINAL])
     for c in cells:
-        _cell(block, c, done[done["cell"] == c], scores, boot)
+        _cell(block, c, done[done["cell"] == c], scores)
         block.cost[c] = _cost(done[done["cell"] == c], totals)
     first = {c: done[done["cell"] == c].iloc[0] if (done["cell"] == c).any() else None for c in cells}
     bases = {c: (r["baseline_cell"] if r is not None else None) for c, r in first.items()}
@@ -171,29 +178,40 @@ def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals, bo
         base_rows = done[done["cell"] == base]
         if task_identity(first[c], neutral) != task_identity(base_rows.iloc[0], neutral):
             block.other_tasks.add(c)
-        block.est[c][DELTA] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, FINAL)
+        block.est[c][DELTA] = _delta(block, c, done[done["cell"] == c], base_rows, scores, own, FINAL)
         ec, eb = block.cost[c]["episodes"], block.cost[base]["episodes"]
         if not (math.isnan(ec) or math.isnan(eb)) and abs(ec / eb - 1) > COST_TOLERANCE:
             block.budget[c] = min(ec, eb)
             when = float(block.budget[c])
-            block.est[c][MATCHED] = _delta(block, c, done[done["cell"] == c], base_rows, scores, boot, own, when)
+            block.est[c][MATCHED] = _delta(block, c, done[done["cell"] == c], base_rows, scores, own, when)
     if block.budget:
         block.columns.append(MATCHED)
     block.tasks = scores.tasks
     return block
 
 
-def power(block: Block, n: int, m: int) -> tuple[Power | None, str]:
-    """MDE_80 of Δ for n seeds x m tasks, from the pooled variance components of the paired Δ
-    grids of the sweep's own config (else of the baseline's gain); (None, why) when not estimable."""
-    from analysis.stats import variance_components
+def power(block: Block) -> tuple[Design | None, str]:
+    """The design of the sweep's paired Δ grids (own config), else of the baseline's paired gain:
+    its mean squares give the MDE of one more contrast (analysis.intervals, same model as the
+    intervals); (None, why) when not estimable."""
+    design = pooled_design(block.diffs)
+    if design is not None:
+        return design, "the paired Δ of every cell"
+    design = pooled_design(list(block.gain_grids.values())[:1])
+    if design is not None:
+        return design, "the baseline's paired gain"
+    return None, "needs at least 2 seeds with paired results"
 
-    source = "the paired Δ of every cell"
-    parts = [c for c in (variance_components(d) for d in block.diffs) if c is not None]
-    if not parts:
-        source = "the baseline's paired gain"
-        parts = [c for c in (variance_components(d) for d in list(block.gain_grids.values())[:1]) if c is not None]
-    if not parts or n < 2:
-        return None, "needs at least 2 seeds with paired results"
-    comp: Components = pooled_components(parts)
-    return mde80(comp, n, m), source
+
+def add_verdicts(block: Block, margin: float, higher_is_better: bool | None) -> None:
+    """The verdict of every contrast of the table, Holm-corrected together: every cell's Δ (the
+    baselines have none), or every cell's gain in a table without Δ (docs/algorithms.md#statistics)."""
+    tested = DELTA if DELTA in block.columns else GAIN if GAIN in block.columns else ""
+    cells = [c for c, e in block.est.items() if e.get(tested) is not None and e[tested].n > 0]
+    if not tested or not cells:
+        return
+    rows = verdicts([block.est[c][tested] for c in cells], margin, higher_is_better)
+    block.verdicts = dict(zip(cells, rows))
+    block.tested = tested
+    at = block.columns.index(tested) + 1
+    block.columns.insert(at, VERDICT)

@@ -47,7 +47,7 @@ def differing(sig: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]
 
 
 def diff_text(diff: list[tuple[str, Any]], limit: int | None = LABEL_KEYS) -> str:
-    """'train.updates=14, algo.lr=0.001 (+2 keys)' (limit None: every key)."""
+    """'train.updates=14, algo.lr=0.001 (+2 keys)' (limit None: every key), in the order given."""
     shown = diff if limit is None else diff[:limit]
     text = ", ".join(f"{k}={v if isinstance(v, str) else _canon(v)}" for k, v in shown)
     more = len(diff) - len(shown)
@@ -65,13 +65,25 @@ def reference(raw: dict | None, configs: dict[str, dict[str, Any]], manifest_poi
     return None
 
 
+def distinguishing_first(groups: dict[str, list[tuple[str, Any]]]) -> dict[str, list[tuple[str, Any]]]:
+    """Each point's differing keys ordered by how many distinct values the key takes across the
+    config groups (the sweep's own group counting as the base value), most first, then by name:
+    the keys that tell the groups apart lead the label, before keys every other group shares
+    (two groups that differ from the base in x and y alike and from each other in train.updates
+    are labelled 'train.updates=2, x=...' and 'train.updates=6, x=...', not alike)."""
+    diffs = {tuple((k, _canon(v)) for k, v in d) for d in groups.values()}
+    keys = {k for d in diffs for k, _ in d}
+    values = {k: {dict(d).get(k, "(base)") for d in diffs} for k in keys}
+    return {pid: sorted(d, key=lambda kv: (-len(values[kv[0]]), kv[0])) for pid, d in groups.items()}
+
+
 def config_groups(
     raw: dict | None, configs: dict[str, dict[str, Any]], manifest_points: list[dict], axes: list[str]
 ) -> dict[str, list[tuple[str, Any]]]:
-    """{point id: differing (key, value) pairs}; an empty list = the sweep's own config (also for
-    points without a config.yaml, which have no results to pool)."""
+    """{point id: differing (key, value) pairs, the keys that tell the groups apart first}; an empty
+    list = the sweep's own config (also for points without a config.yaml, which have no results to pool)."""
     skip = list(raw.get("base_excluded") or excluded(axes)) if isinstance(raw, dict) else excluded(axes)
     ref = reference(raw, configs, manifest_points, skip)
     if ref is None:
         return {pid: [] for pid in configs}
-    return {pid: differing(signature(flat, skip), ref) for pid, flat in configs.items()}
+    return distinguishing_first({pid: differing(signature(flat, skip), ref) for pid, flat in configs.items()})

@@ -1,47 +1,52 @@
 """Figures of a sweep, one per metric family: held-out evaluation (against updates, episodes and
 generated tokens), training rollouts, and diagnostics (KL, entropy, MI estimate, in-group reward
-std) with collapse markers. `-m METRIC` draws one figure for that metric instead.
+std) with collapse markers; a reward-hacking probe's truth and exploit; for a mixture of
+environments, held-out success per environment. `-m METRIC` draws one figure for that metric.
 
 Every figure has fixed panel sizes and the legend in its own column right of the panels
 (analysis.layout), names the points by their labels, and says in its title what is drawn: the
 split, the decoding, tasks and episodes per evaluation, and what line and band mean. Lines are
-the mean over seeds at each update, bands the 95% percentile-bootstrap CI over the seeds logged
-there (analysis.stats, fixed seed: reproducible); against episodes or tokens a point is drawn
-at the mean cumulative count of its seeds. Rate axes span at least half of [0, 1], non-negative
-quantities start at 0, so that a step of one task in eight is not blown up into a cliff. With two axes, colour
-encodes the first axis and line style and marker the second; points of another base config
-have hollow markers.
+the mean over seeds at each update, bands the 95% t interval over the seeds logged there
+(analysis.plot_data, the table's interval); against episodes or tokens a point is drawn at the
+mean cumulative count of its seeds, and in an SFT/RL split under a budget against the share of
+the budget spent (demonstrations first). What keeps a figure readable:
+- a panel with more than MAX_BANDS lines shades the baseline's band only (stacked bands hide
+  each other); a line whose values equal an earlier one's says "identical to X" in the legend;
+- two axes with more than SMALL_MULTIPLES cells: one panel column per value of the first axis
+  (lines: the second axis), the baseline in grey in every column;
+- the training family is a SMOOTH-update moving average of each seed (the band is over the
+  smoothed seeds); a KL panel whose largest line peaks TOO_TALL times above the typical one is on a
+  symmetric log scale, so that one blow-up does not flatten the rest;
+- rate axes span at least half of [0, 1], non-negative quantities start at 0, so that a step of
+  one task in eight is not blown up into a cliff.
+Colours and markers: analysis.plot_style.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
-import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from analysis.cells import short_axis_names
+from analysis.cells import format_value, short_axis_names
 from analysis.layout import DPI, finish, panels
 from analysis.load import AnalysisError, load_curves, load_results
-from analysis.stats import bootstrap_ci
+from analysis.plot_axes import X_LABELS, clipped, details, too_tall, x_axis, ylim
+from analysis.plot_data import bands, has_budget, identical_to, smooth, x_positions
+from analysis.plot_style import BASELINE_GREY, LineStyle, handle, line_styles
 from analysis.tasks import EPISODE_KEYS, TOKEN_KEYS, cumulative
 from harness.store import CORRUPT
 
 FORMATS = ("png", "svg")
-N_BOOT = 1000
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-LINESTYLES = ("-", "--", "-.", ":")
-X_LABELS = {"update": "update", "episodes": "episodes generated", "tokens": "generated tokens"}
-RATE = re.compile(r"(success|_rate|_frac|constrained_mass)$")
-RATE_SPAN = 0.5  # the least height of a rate axis: a step of 1/8 is a quarter of the panel at most
-NONNEGATIVE = re.compile(r"(kl_k3|kl_k2|entropy|_std|tokens|episodes|turns|mi_estimate|rounds)$")
+MAX_BANDS = 3  # more lines in a panel: only the baseline's band
+SMALL_MULTIPLES = 6  # a two-axis grid with more cells gets one panel column per value of its first axis
+SMOOTH = 5  # moving-average window of the training family (updates), when a run logs 3 windows or more
+ENV_METRIC = re.compile(r"eval_(greedy|sampled)/([^/]+)/success")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ class Family:
     name: str  # file stem
     title: str
     panels: tuple[tuple[str, tuple[str, ...]], ...]  # (panel title, candidate metrics: first logged wins)
-    x: tuple[str, ...]  # x axes, one row of panels each: update, episodes, tokens
+    x: tuple[str, ...]  # x axes, one row of panels each: update, episodes (or budget), tokens
+    smooth: bool = False  # draw the SMOOTH-update moving average of each seed
 
 
 FAMILIES = (
@@ -84,6 +90,7 @@ FAMILIES = (
         "training rollouts",
         (("success", ("env/success",)), ("return", ("env/return",)), ("turns", ("env/turns",))),
         ("update",),
+        smooth=True,
     ),
     Family(
         "diagnostics",
@@ -100,170 +107,95 @@ FAMILIES = (
 CURVE_DEFAULTS = ("eval_greedy/success", "env/success")
 
 
-@dataclass(frozen=True)
-class LineStyle:
-    color: tuple
-    linestyle: str
-    marker: str
-    hollow: bool
+@dataclass
+class Context:
+    """What every panel of one figure shares."""
+
+    curves: pd.DataFrame
+    results: pd.DataFrame
+    styles: dict[str, LineStyle]
+    baseline: str | None
+    collapses: pd.DataFrame
+    window: int = 1  # moving average (updates)
+    grey: set[str] = field(default_factory=set)  # labels drawn as the grey baseline reference
+    banded: set[str] = field(default_factory=set)  # labels whose band some panel shaded
+    many: bool = False  # a panel holds more than MAX_BANDS lines: only the baseline's band
+    symlog: bool = False
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
 
 
-def bands(data: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """Mean and 95% percentile-bootstrap CI over seeds per (label, update): the table's definition
-    (analysis.stats), vectorized per point."""
-    rows = []
-    for label, g in data.groupby("label", sort=False):
-        order = np.argsort(g["update"].to_numpy(), kind="stable")
-        updates, values = g["update"].to_numpy()[order], g["value"].to_numpy()[order]
-        keys, starts = np.unique(updates, return_index=True)
-        for update, chunk in zip(keys, np.split(values, starts[1:])):
-            e = bootstrap_ci(chunk, n_boot=n_boot)
-            rows.append((label, update, e.value, e.lo, e.hi))
-    return pd.DataFrame(rows, columns=["label", "update", "mean", "lo", "hi"])
+def _line(ax, g: pd.DataFrame, st: LineStyle, band: bool, grey: bool) -> None:
+    color = BASELINE_GREY if grey else st.color
+    face = "white" if st.hollow else color
+    ax.plot(
+        g["x"],
+        g["mean"],
+        color=color,
+        linestyle="--" if grey else st.linestyle,
+        marker=None if grey else st.marker,
+        markersize=4,
+        markerfacecolor=face,
+        markevery=max(1, len(g) // 10),
+        linewidth=1.0 if grey else 1.4,
+        zorder=1 if grey else 2,
+    )
+    if band:
+        ax.fill_between(g["x"], g["lo"], g["hi"], color=color, alpha=0.15, linewidth=0)
 
 
-def line_styles(results: pd.DataFrame) -> dict[str, LineStyle]:
-    """Per label: colour, line style, marker. Two axes: colour = first axis, style and marker =
-    second; otherwise one colour and marker per cell. Other base configs: hollow markers."""
-    meta = results.attrs["sweep"]
-    first = results.drop_duplicates("label")
-    grid = len(meta.axes) == 2
-    if grid:
-        v0 = list(dict.fromkeys(str(v) for v in first[meta.axes[0]]))
-        v1 = list(dict.fromkeys(str(v) for v in first[meta.axes[1]]))
-    n_colors = len(v0) if grid else len(first)
-    palette = sns.color_palette("colorblind" if n_colors <= 10 else "husl", n_colors=max(n_colors, 1))
-    out = {}
-    for i, (_, r) in enumerate(first.iterrows()):
-        foreign = bool(r["group_label"])
-        if grid:
-            j = v1.index(str(r[meta.axes[1]]))
-            c, ls, mk = palette[v0.index(str(r[meta.axes[0]]))], LINESTYLES[j % 4], MARKERS[j % len(MARKERS)]
-        else:
-            c, ls, mk = palette[i], ":" if foreign else "-", MARKERS[i % len(MARKERS)]
-        out[r["label"]] = LineStyle(tuple(c), ls, mk, foreign)
-    return out
-
-
-def _handle(st: LineStyle) -> Line2D:
-    face = "white" if st.hollow else st.color
-    return Line2D([], [], color=st.color, linestyle=st.linestyle, marker=st.marker, markerfacecolor=face)
-
-
-def _x_positions(b: pd.DataFrame, x: str, curves: pd.DataFrame, results: pd.DataFrame) -> pd.Series:
-    """The x value of every (label, update) band row: the update, or the mean cumulative count
-    (episodes or tokens) of the label's seeds at that update."""
-    if x == "update":
-        return b["update"].astype(float)
-    totals = cumulative(curves, EPISODE_KEYS if x == "episodes" else TOKEN_KEYS)
-    label_of = dict(zip(results["point"], results["label"]))
-    rows = [(label_of.get(p), u, v) for p, s in totals.items() for u, v in s.items()]
-    mean = pd.DataFrame(rows, columns=["label", "update", "x"]).groupby(["label", "update"])["x"].mean()
-    return pd.Series([mean.get((lab, u), np.nan) for lab, u in zip(b["label"], b["update"])], index=b.index)
-
-
-def _ylim(ax, metric: str, b: pd.DataFrame) -> None:
-    """Rates: whole tenths around the data, at least RATE_SPAN tall, within [0, 1]; non-negative
-    quantities from 0; others the data with a margin. A small step never fills the panel."""
-    vals = pd.concat([b["mean"], b["lo"], b["hi"]]).dropna()
-    if vals.empty:
-        return
-    lo, hi = float(vals.min()), float(vals.max())
-    if RATE.search(metric):
-        lo, hi = max(0.0, np.floor(lo * 10) / 10), min(1.0, np.ceil(hi * 10) / 10)
-        if hi - lo < RATE_SPAN:  # widen around the data's middle, staying inside [0, 1]
-            lo = min(max(0.0, (lo + hi - RATE_SPAN) / 2), 1.0 - RATE_SPAN)
-            hi = lo + RATE_SPAN
-        ax.set_ylim(lo - 0.03, hi + 0.03)
-        return
-    if NONNEGATIVE.search(metric) and lo >= 0:
-        lo = 0.0
-    span = hi - lo if hi > lo else max(abs(hi) * 0.1, 0.05)
-    ax.set_ylim(lo - 0.05 * span, hi + 0.1 * span)
-
-
-def _count(v: float, _pos=None) -> str:
-    return f"{v / 1e6:g}M" if abs(v) >= 1e6 else f"{v / 1e3:g}k" if abs(v) >= 1e3 else f"{v:g}"
-
-
-def _panel(ax, data, metric, x, styles, curves, results, collapses) -> set[str]:
+def _panel(ax, data: pd.DataFrame, metric: str, x: str, ctx: Context) -> set[str]:
     """One metric against one x axis; returns the labels drawn."""
-    b = bands(data)
+    b = clipped(bands(smooth(data, ctx.window)), metric)
     if b.empty:
         ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="0.5")
         return set()
-    b["x"] = _x_positions(b, x, curves, results)
+    b["x"] = x_positions(b, x, ctx.curves, ctx.results)
     for label, g in b.dropna(subset=["x"]).groupby("label", sort=False):
-        st = styles[label]
-        face = "white" if st.hollow else st.color
-        every = max(1, len(g) // 10)
-        ax.plot(
-            g["x"],
-            g["mean"],
-            color=st.color,
-            linestyle=st.linestyle,
-            marker=st.marker,
-            markersize=4,
-            markerfacecolor=face,
-            markevery=every,
-            linewidth=1.4,
-        )
-        ax.fill_between(g["x"], g["lo"], g["hi"], color=st.color, alpha=0.15, linewidth=0)
-    for _, r in collapses.iterrows() if x == "update" else ():
-        ax.axvline(r["collapsed_at"], color=styles[r["label"]].color, linestyle=":", linewidth=1.2)
-    _ylim(ax, metric, b)
-    ax.set_xlabel(X_LABELS[x])
-    if x == "update":
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        band = not ctx.many or label == ctx.baseline
+        _line(ax, g, ctx.styles[label], band, label in ctx.grey)
+        if band:
+            ctx.banded.add(label)
+    shown = set(b["label"])
+    for _, r in ctx.collapses[ctx.collapses["label"].isin(shown)].iterrows() if x == "update" else ():
+        color = BASELINE_GREY if r["label"] in ctx.grey else ctx.styles[r["label"]].color
+        ax.axvline(r["collapsed_at"], color=color, linestyle=":", linewidth=1.2)
+    if too_tall(metric, b):
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(0, float(b["hi"].max()) * 2)
+        ctx.symlog = True
     else:
-        ax.xaxis.set_major_formatter(FuncFormatter(_count))
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        ylim(ax, metric, b)
+    x_axis(ax, x)
     ax.grid(alpha=0.3, linewidth=0.5)
-    return set(b["label"])
+    return shown
 
 
 # ----------------------------------------------------------------------------- titles
-def _median(curves: pd.DataFrame, metric: str) -> float | None:
-    v = curves.loc[curves["metric"] == metric, "value"]
-    return float(v.median()) if len(v) else None
-
-
-def _config(results: pd.DataFrame, key: str) -> str | None:
-    vals = pd.to_numeric(results.get(key, pd.Series(dtype=float)), errors="coerce").dropna().unique()
-    return "/".join(f"{v:g}" for v in sorted(vals)) if len(vals) else None
-
-
-def _details(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -> str:
-    """What the figure's numbers are: split, tasks, decoding, episodes per evaluation or update."""
-    first = family.panels[0][1][0]
-    if first.startswith("eval_"):
-        eps = _median(curves, "eval_greedy/episodes") or _median(curves, "eval_sampled/episodes")
-        eps_text = f"{eps:g}" if eps else _config(results, "train.eval_episodes")
-        tasks, every = _config(results, "env.heldout_tasks"), _config(results, "train.eval_every")
-        parts = [f"held-out split of {tasks} tasks" if tasks else "held-out split"]
-        parts.append(f"{eps_text} episodes per evaluation, greedy and sampled decoding" if eps_text else "")
-        parts.append(f"evaluated every {every} updates and at the end" if every and every != "0" else "")
-        return ", ".join(p for p in parts if p)
-    if first.startswith("env/"):
-        eps = _median(curves, "perf/episodes") or _median(curves, "env/episodes")
-        return f"{eps:g} episodes per update, sampled decoding" if eps else "sampled decoding"
-    return "per update, from the training batches"
-
-
-def _title(family: Family, curves, results, n_collapse: int) -> str:
-    meta = results.attrs["sweep"]
-    seeds = int(results.groupby("label")["point"].count().max()) if len(results) else 0
-    what = (
-        f"Lines: mean over {seeds} seeds; bands: 95% bootstrap CI over seeds"
-        if seeds > 1
-        else "Lines: 1 seed (no CI band)"
-    )
+def _title(family: Family, ctx: Context, n_collapse: int) -> str:
+    meta = ctx.results.attrs["sweep"]
+    seeds = int(ctx.results.groupby("label")["point"].count().max()) if len(ctx.results) else 0
+    avg = f"{ctx.window}-update moving average of each seed, " if ctx.window > 1 else ""
+    if seeds < 2:
+        what = f"Lines: {avg}1 seed (no interval band)"
+    elif ctx.many:
+        base = f" ({ctx.baseline})" if ctx.baseline in ctx.banded else ""
+        what = f"Lines: {avg}mean over {seeds} seeds; band: the baseline's{base} 95% t interval over seeds only"
+    else:
+        what = f"Lines: {avg}mean over {seeds} seeds; bands: 95% t interval over seeds"
     marks = f"; dotted verticals: collapse detected ({n_collapse} runs)" if n_collapse else ""
-    return f"{meta.name}: {family.title} ({_details(family, curves, results)}). {what}{marks}."
+    scale = "; KL on a symmetric log scale (linear below 0.01)" if ctx.symlog else ""
+    grey = "; grey dashed: the baseline, in every column" if ctx.grey else ""
+    budget = (
+        " Budget axis: the demonstrations (sft.demos x sft.demo_cost episodes), then RL's episodes, as a share of "
+        "sft.budget; each line starts at its demonstrations' share."
+        if "budget" in family.x
+        else ""
+    )
+    drawn = details(family.panels[0][1][0], ctx.curves, ctx.results)
+    return f"{meta.name}: {family.title} ({drawn}). {what}{marks}{scale}{grey}.{budget}"
 
 
 # ----------------------------------------------------------------------------- figures
@@ -274,38 +206,109 @@ def _shape(family: Family, n_panels: int) -> tuple[int, int]:
     return -(-n_panels // cols), cols
 
 
+def _chosen(family: Family, curves: pd.DataFrame) -> list[tuple[str, str]]:
+    logged = set(curves["metric"].unique())
+    return [(t, next(m for m in c if m in logged)) for t, c in family.panels if any(m in logged for m in c)]
+
+
+def _context(family: Family, curves, results, styles) -> Context:
+    base = results.loc[results["is_baseline"], "label"]
+    collapses = results.dropna(subset=["collapsed_at"]) if family.name == "diagnostics" else results.iloc[:0]
+    per_point = curves[curves["metric"].isin([m for _, c in family.panels for m in c])].groupby("point")["update"]
+    longest = int(per_point.nunique().max()) if len(per_point.size()) else 0
+    window = SMOOTH if family.smooth and longest >= 3 * SMOOTH else 1
+    many = results["label"].nunique() > MAX_BANDS
+    return Context(curves, results, styles, base.iloc[0] if len(base) else None, collapses, window, many=many)
+
+
+def _legend_title(results: pd.DataFrame) -> str | None:
+    """The axis name when the labels are its values (one axis)."""
+    meta = results.attrs["sweep"]
+    if len(meta.axes) != 1:
+        return None
+    by_value = all(lab.split(" [")[0] == format_value(v) for lab, v in zip(results["label"], results[meta.axes[0]]))
+    return short_axis_names(meta.axes)[meta.axes[0]] if by_value else None
+
+
 def family_figure(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -> Figure | None:
     """The family's panels that some point logged, one row per x axis with data; None if none."""
-    logged = set(curves["metric"].unique())
-    chosen = [(t, next(m for m in c if m in logged)) for t, c in family.panels if any(m in logged for m in c)]
+    chosen = _chosen(family, curves)
     if not chosen:
         return None
-    xs = [x for x in family.x if x == "update" or cumulative(curves, EPISODE_KEYS if x == "episodes" else TOKEN_KEYS)]
-    fam = Family(family.name, family.title, family.panels, tuple(xs))
+    xs = [x for x in family.x if x == "update" or cumulative(curves, EPISODE_KEYS if x != "tokens" else TOKEN_KEYS)]
+    if "episodes" in xs and has_budget(results):  # an SFT/RL split: the budget's share, demonstrations included
+        xs[xs.index("episodes")] = "budget"
+    fam = replace(family, x=tuple(xs))
     rows, cols = _shape(fam, len(chosen))
     fig, axes = panels(rows, cols)
-    styles = line_styles(results)
-    collapses = results.dropna(subset=["collapsed_at"]) if family.name == "diagnostics" else results.iloc[:0]
+    ctx = _context(fam, curves, results, line_styles(results))
     drawn: set[str] = set()
     flat = [ax for row in axes for ax in row]
     for i, (title, metric) in enumerate(chosen):
         for j, x in enumerate(xs):
             ax = axes[j][i] if len(xs) > 1 else flat[i]
-            drawn |= _panel(ax, curves[curves["metric"] == metric], metric, x, styles, curves, results, collapses)
+            drawn |= _panel(ax, curves[curves["metric"] == metric], metric, x, ctx)
             ax.set_title(f"{title} vs {X_LABELS[x]}" if len(xs) > 1 else title, fontsize=10)
-            ax.set_ylabel(metric, fontsize=9)
+            ax.set_ylabel(metric + (" (symlog)" if ax.get_yscale() == "symlog" else ""), fontsize=9)
     for ax in flat[len(chosen) * (1 if len(xs) == 1 else len(xs)) :]:
         ax.set_visible(False)
-    labels = [lab for lab in styles if lab in drawn]
+    labels = [lab for lab in ctx.styles if lab in drawn]
+    same = identical_to(curves, [m for _, m in chosen], labels)
+    texts = [f"{lab} (identical to {same[lab]})" if lab in same else lab for lab in labels]
+    handles = [handle(ctx.styles[lab]) for lab in labels]
+    return finish(fig, axes, handles, texts, _title(fam, ctx, len(ctx.collapses)), _legend_title(results))
+
+
+def small_multiples(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -> Figure | None:
+    """A two-axis grid with many cells: rows = the family's metrics against updates, one column per
+    value of the first axis; lines = the second axis's values; the baseline grey in every column."""
+    chosen = _chosen(family, curves)
+    if not chosen:
+        return None
     meta = results.attrs["sweep"]
-    by_value = (
-        all(lab.split(" [")[0] == str(v) for lab, v in zip(results["label"], results[meta.axes[0]]))
-        if len(meta.axes) == 1
-        else False
-    )  # the labels are the axis values: the legend's title names the axis
-    legend_title = short_axis_names(meta.axes)[meta.axes[0]] if by_value else None
-    title = _title(fam, curves, results, len(collapses))
-    return finish(fig, axes, [_handle(styles[lab]) for lab in labels], labels, title, legend_title)
+    first, second = meta.axes
+    short = short_axis_names(meta.axes)
+    values = list(dict.fromkeys(format_value(v) for v in results[first]))
+    fam = replace(family, x=("update",))
+    fig, axes = panels(len(chosen), len(values))
+    styles = line_styles(results, by=1)
+    ctx = _context(fam, curves, results, styles)
+    ctx.many = results[second].nunique() + 1 > MAX_BANDS  # a column's lines and the grey baseline
+    label_of = results.drop_duplicates("label").set_index("label")
+    for j, v in enumerate(values):
+        own = [lab for lab in styles if format_value(label_of.loc[lab, first]) == v]
+        ctx.grey = {ctx.baseline} - set(own) if ctx.baseline else set()
+        for i, (title, metric) in enumerate(chosen):
+            sub = curves[(curves["metric"] == metric) & curves["label"].isin(own + sorted(ctx.grey))]
+            _panel(axes[i][j], sub, metric, "update", ctx)
+            axes[i][j].set_title(f"{title} · {short[first]}={v}", fontsize=10)
+            axes[i][j].set_ylabel(metric if j == 0 else "", fontsize=9)
+    for row in axes:  # one metric per row: the same y range in every column, so columns compare
+        if all(ax.get_yscale() == "linear" for ax in row):
+            lims = [ax.get_ylim() for ax in row]
+            for ax in row:
+                ax.set_ylim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
+    by_value = {}
+    for lab, st in styles.items():
+        by_value.setdefault(format_value(label_of.loc[lab, second]), replace(st, hollow=False, linestyle="-"))
+    handles = [handle(st) for st in by_value.values()]
+    texts = list(by_value)
+    if ctx.baseline:
+        handles.append(Line2D([], [], color=BASELINE_GREY, linestyle="--"))
+        texts.append(f"baseline: {ctx.baseline}")
+    ctx.grey = {ctx.baseline} if ctx.baseline else set()
+    return finish(fig, axes, handles, texts, _title(fam, ctx, len(ctx.collapses)), short[second])
+
+
+def environments_family(curves: pd.DataFrame) -> Family | None:
+    """A mixture's held-out success per environment: sampled, then greedy, one panel per environment."""
+    envs = sorted({m.group(2) for m in map(ENV_METRIC.fullmatch, curves["metric"].unique()) if m})
+    if not envs:
+        return None
+    panels_ = tuple(
+        (f"{env}, {mode}", (f"eval_{mode}/{env}/success",)) for mode in ("sampled", "greedy") for env in envs
+    )
+    return Family("environments", "held-out success per environment of the mixture", panels_, ("update",))
 
 
 def curve_metric(curves: pd.DataFrame, metric: str | None) -> str:
@@ -342,9 +345,13 @@ def figures(path: str | Path, metrics: list[str] | None = None) -> dict[str, Fig
         # caption would name the whole mixture's split: no probe figure for a mixture
         mixture = "env.name" in results and (results["env.name"] == "mixture").any()
         fams = [f for f in FAMILIES if not (mixture and f.name == "probe")]
+        envs = environments_family(curves) if mixture else None
+        fams = fams[:1] + ([envs] if envs else []) + fams[1:]
+    meta = results.attrs["sweep"]
+    split = len(meta.axes) == 2 and results["label"].nunique() > SMALL_MULTIPLES
     out = {}
     for fam in fams:
-        fig = family_figure(fam, curves, results)
+        fig = small_multiples(fam, curves, results) if split else family_figure(fam, curves, results)
         if fig is not None:
             out[fam.name] = fig
     return out

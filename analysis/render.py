@@ -54,7 +54,8 @@ LATEX = Style(pm=r" \pm ", dagger=r"^{\dagger}", ddagger=r"^{\ddagger}", dash="-
 
 
 def format_entry(e, style: Style = MD, interval: str = "pm") -> str:
-    """One cell: estimate ± half-width (or [lo, hi]; differences always [lo, hi]) with marks."""
+    """One cell: estimate ± half-width (or [lo, hi]; differences always [lo, hi]) with marks; an
+    estimate without spread says "(degenerate)" instead of a zero-width interval."""
     if e.kind == "baseline":
         return "baseline"
     if e.kind == "text":
@@ -67,10 +68,15 @@ def format_entry(e, style: Style = MD, interval: str = "pm") -> str:
         return style.dash
     if e.below_min:
         return f"{style.dash} (n={est.n})"
-    f = (lambda x: f"{x:+.{e.decimals}f}") if e.kind == "delta" else (lambda x: f"{x:.{e.decimals}f}")
+    dec = e.decimals
+    while not est.degenerate and dec < 4 and 0 < est.half_width < 0.5 * 10**-dec:  # a narrow interval never
+        dec += 1  # reads as "[0.00, 0.00]": one more decimal until its width shows
+    f = (lambda x: f"{x:+.{dec}f}") if e.kind == "delta" else (lambda x: f"{x:.{dec}f}")
     core = f(est.value)
-    if not math.isnan(est.lo):
-        g = lambda x: f"{x:.{e.decimals}f}"  # noqa: E731
+    if est.degenerate:  # no spread: the value alone, flagged, never an interval of zero width
+        core += " (degenerate)"
+    elif not math.isnan(est.lo):
+        g = lambda x: f"{x:.{dec}f}"  # noqa: E731
         core += (
             f" [{g(est.lo)}, {g(est.hi)}]"
             if e.kind == "delta" or interval == "bracket"
@@ -89,14 +95,15 @@ def _cells(table, style: Style) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def to_markdown(table, footer: bool = True) -> str:
+def to_markdown(table, footer: bool = True, shared_legend: bool = False) -> str:
     """Pandoc-style caption, the pipe table, summary lines, notes; with `footer`, provenance and
-    missing points too."""
+    missing points too. `shared_legend`: the page states `table.legend` once (docs/results.md), so
+    the caption is the short one and the notes leave out what the legend says."""
     header, body = _cells(table, MD)
     esc = lambda s: s.replace("|", r"\|")  # noqa: E731
     nk = len(table.key_header)
     lines = [
-        f"Table: {table.caption}",
+        f"Table: {table.short_caption if shared_legend else table.caption}",
         "",
         "| " + " | ".join(map(esc, header)) + " |",
         "| " + " | ".join([":--"] * nk + ["--:"] * (len(header) - nk)) + " |",
@@ -104,7 +111,8 @@ def to_markdown(table, footer: bool = True) -> str:
     lines += ["| " + " | ".join(map(esc, row)) + " |" for row in body]
     if table.summary:
         lines += [""] + table.summary
-    sections = [("Notes", table.notes)]
+    notes = [n for n in table.notes if not shared_legend or n not in table.legend]
+    sections = [("Notes", notes)]
     if footer:
         sections += [("Provenance", table.provenance), (f"Missing or unfinished ({len(table.missing)})", table.missing)]
     for title, items in sections:

@@ -2,12 +2,18 @@
 base config get rows of their own), columns that show what changed and what it cost.
 
 For the first metric `final/<m>` (default held-out greedy success): start (before RL), final,
-gain = final - start, Δ to the baseline of the same config, and Δ @ equal episodes where costs
-differ (analysis.columns). With per-task results these are over the seeds x tasks grid, paired by
-seed and task; without them (older results) over seeds only, and the caption says so. Further
-metrics are columns of their own (estimate ± 95% bootstrap CI over seeds), followed by the cost
-(episodes, generated tokens, wall time). Under the table: the minimum detectable effect for the
-sweep's seeds and tasks, a warning below 3 seeds, notes, provenance and every missing point.
+gain = final - start, Δ to the baseline of the same config, its verdict, and Δ @ equal episodes
+where costs differ (analysis.columns). With per-task results these are over the seeds x tasks
+grid, paired by seed and task; without them (older results) over seeds only, and the caption says
+so. Further metrics are columns of their own (estimate ± 95% t interval over seeds), followed by
+the cost (episodes, generated tokens, wall time). Every interval is analysis.intervals' (one
+method, docs/algorithms.md#statistics). Under the table: the minimum detectable effect for the
+sweep's seeds and tasks, warnings (below 3 seeds; runs pooled from several CPU kernel paths),
+notes, provenance and every missing point.
+
+The verdict column: every Δ of the table (or every gain, in a table without Δ) is one contrast of
+a family corrected together by Holm; the rule is analysis.intervals.verdict, the equivalence
+margin the sweep's `equivalence_margin` (sweep.json), else DEFAULT_MARGIN.
 
 `build_table` computes once (a `Table`); `analysis.render.render(table, fmt)` prints it.
 """
@@ -21,11 +27,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, Block, build_block
+from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, VERDICT, Block, add_verdicts, build_block
+from analysis.intervals import Interval, seed_interval
 from analysis.load import SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
-from analysis.stats import N_BOOT, Estimate, bootstrap_ci
-from analysis.table_text import caption, keys_and_header, notes, provenance, summary_lines
+from analysis.table_text import (
+    caption,
+    keys_and_header,
+    legend,
+    margin_of,
+    notes,
+    provenance,
+    short_caption,
+    summary_lines,
+    warnings,
+)
 from analysis.tasks import (
     EPISODE_KEYS,
     TOKEN_KEYS,
@@ -36,7 +52,7 @@ from analysis.tasks import (
     task_metric,
     task_scores,
 )
-from harness.store import CORRUPT, FINISHED
+from harness.store import CORRUPT, FINISHED, SWEEP_MANIFEST
 
 DEFAULT_METRICS = ("final/eval_greedy/success", "collapsed_at", "final/diag/kl_k3")
 METRIC_NAMES = {
@@ -46,7 +62,22 @@ METRIC_NAMES = {
     "collapsed_at": "collapse (update)",
     "final/diag/kl_k3": "final KL (k3)",
 }
-BLOCK_NAMES = {START: "start", FINAL: "final", GAIN: "gain", DELTA: "Δ vs baseline", MATCHED: "Δ @ equal episodes"}
+BLOCK_NAMES = {
+    START: "start",
+    FINAL: "final",
+    GAIN: "gain",
+    DELTA: "Δ vs baseline",
+    VERDICT: "verdict",
+    MATCHED: "Δ @ equal episodes",
+}
+# the better direction of a task metric's field; fields not listed have none (verdict higher/lower)
+HIGHER_IS_BETTER = {
+    "success": True,
+    "return": True,
+    "true_success": True,
+    "exploit_rate": False,
+    "deadlock_rate": False,
+}
 COST_NAMES = {"episodes": "episodes", "tokens": "gen. tokens", "wall": "wall"}
 
 
@@ -55,7 +86,7 @@ class Entry:
     """One table cell before formatting."""
 
     kind: str  # metric | collapse | delta | baseline | text | empty
-    est: Estimate | object | None = None
+    est: Interval | None = None
     decimals: int = 2
     dagger: bool = False  # fewer seeds than requested
     unpaired: bool = False  # delta interval is unpaired
@@ -78,6 +109,10 @@ class Table:
     data: pd.DataFrame = field(default_factory=pd.DataFrame)
     interval: str = "pm"
     summary: list[str] = field(default_factory=list)  # MDE and warnings, right under the table
+    warnings: list[str] = field(default_factory=list)  # also in summary; the CLI repeats them on stderr
+    short_caption: str = ""  # the caption without what `legend` says (docs/results.md)
+    legend: list[str] = field(default_factory=list)  # the definitions every table of a page shares
+    findings: list[dict] = field(default_factory=list)  # per contrast: cell, baseline, interval, verdict
 
 
 def metric_name(m: str) -> str:
@@ -113,8 +148,8 @@ def _recorded(done: pd.DataFrame, values: dict[str, pd.Series], metrics: list[st
     return kept
 
 
-def _metric_entry(rows: pd.DataFrame, v: pd.Series, is_collapse: bool, requested: int, min_seeds: int, **boot) -> Entry:
-    est = bootstrap_ci(v[rows.index], **boot)
+def _metric_entry(rows: pd.DataFrame, v: pd.Series, is_collapse: bool, requested: int, min_seeds: int) -> Entry:
+    est = seed_interval(v[rows.index])
     below = 0 < est.n < min_seeds
     if is_collapse:  # NaN = did not collapse: the estimate is over the runs that did
         finished = int(rows["collapse_recorded"].sum())
@@ -122,12 +157,12 @@ def _metric_entry(rows: pd.DataFrame, v: pd.Series, is_collapse: bool, requested
     return Entry("metric", est, dagger=est.n < requested, below_min=below)
 
 
-def _metric_columns(done, values, metrics, cells, requested, min_seeds, boot) -> dict[str, dict[str, Entry]]:
+def _metric_columns(done, values, metrics, cells, requested, min_seeds) -> dict[str, dict[str, Entry]]:
     grid: dict[str, dict[str, Entry]] = {c: {} for c in cells}
     for m in metrics:
         for c in cells:
             rows = done[done["cell"] == c]
-            grid[c][m] = _metric_entry(rows, values[m], m == "collapsed_at", requested[c], min_seeds, **boot)
+            grid[c][m] = _metric_entry(rows, values[m], m == "collapsed_at", requested[c], min_seeds)
         decimals = decimals_for([grid[c][m].est.value for c in cells])
         for c in cells:  # an update index needs no more than one decimal
             grid[c][m].decimals = min(decimals, 1) if m == "collapsed_at" else decimals
@@ -184,6 +219,9 @@ def _block_entries(block: Block, cells: list[str], requested, min_seeds) -> dict
             if col == MATCHED and c not in block.budget:
                 grid[c][col] = Entry("text", text="same cost" if c in block.paired else "")
                 continue
+            if col == VERDICT:
+                grid[c][col] = Entry("text", text=block.verdicts.get(c, ("", 0.0))[0])
+                continue
             kind = "delta" if col in (GAIN, DELTA, MATCHED) else "metric"
             n = e.n if e is not None else 0
             grid[c][col] = Entry(
@@ -223,36 +261,36 @@ def _cost_entries(block: Block, cells: list[str], base_of: dict[str, str | None]
 # ----------------------------------------------------------------------------- the table
 @dataclass(frozen=True)
 class Options:
-    statistic: str = "mean"
     interval: str = "pm"
     min_seeds: int = 1
-    n_boot: int = N_BOOT
-    seed: int = 0
-
-    @property
-    def boot(self) -> dict:
-        return dict(statistic=self.statistic, n_boot=self.n_boot, seed=self.seed)
+    margin: float | None = None  # equivalence margin; None: the sweep's (sweep.json), else DEFAULT_MARGIN
 
 
-def _primary_block(results, curves, tasks, cells, primary: str | None, opts: Options):
-    """(the start/final/gain/Δ block with the cost of every cell, the scores it was built on)."""
+def _primary_block(results, curves, tasks, cells, primary: str | None, margin: float):
+    """(the start/final/gain/Δ/verdict block with the cost of every cell, the scores it was built on)."""
     done = results[results["status"].isin(FINISHED)]
     totals = _totals(results, curves)
     if primary is None:  # no block: the cost only
-        block = build_block(done, cells, seed_scores(curves, "", {}, {}), totals, opts.boot)
+        block = build_block(done, cells, seed_scores(curves, "", {}, {}), totals)
         block.columns = []
         return block, None
     scores = _scores(primary, results, curves, tasks)
     scores.episodes = cumulative(curves, EPISODE_KEYS)
-    return build_block(done, cells, scores, totals, opts.boot), scores
+    block = build_block(done, cells, scores, totals)
+    spec = task_metric(primary)
+    add_verdicts(block, margin, HIGHER_IS_BETTER.get(spec[2]) if spec else None)
+    return block, scores
 
 
 def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str, Entry], block: Block, first) -> dict:
-    """The CSV row of a cell: keys, seeds, and value/lo/hi/n of every estimate."""
+    """The CSV row of a cell: keys, seeds, value/lo/hi/n of every estimate, the verdict."""
     rec = dict(zip(key_header, keys), seeds=seeds[0], requested=seeds[1], baseline=bool(first["is_baseline"]))
     rec["config_group"] = first["config_group"]
     for col, e in entries.items():
         name = {DELTA: "delta", MATCHED: "delta@equal_episodes"}.get(col, col)
+        if col == VERDICT:
+            rec["verdict"], rec["verdict:p_holm"] = block.verdicts.get(c, (None, math.nan))
+            continue
         if e.kind == "text":
             rec[name] = block.cost.get(c, {}).get(col, math.nan) if col in COST else math.nan
             continue
@@ -266,6 +304,23 @@ def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str,
     return rec
 
 
+def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
+    """Every tested contrast of the table: the cell's and its baseline's labels, the interval, the verdict."""
+    label = dict(zip(results["cell"], results["label"]))
+    base = dict(zip(results["cell"], results["baseline_cell"]))
+    return [
+        {
+            "cell": label[c],
+            "baseline": label.get(base.get(c)) if block.tested == DELTA else None,
+            "column": block.tested,
+            "interval": block.est[c][block.tested],
+            "verdict": v,
+            "p_holm": p,
+        }
+        for c, (v, p) in block.verdicts.items()
+    ]
+
+
 def build_table(
     results: pd.DataFrame,
     curves: pd.DataFrame | None = None,
@@ -274,27 +329,29 @@ def build_table(
     **options,
 ) -> Table:
     """Estimates for every cell: the paired block of the first metric (a final/ or another summary
-    metric), the further metrics, the cost; the caption and the lines under the table.
-    `options`: statistic (mean | iqm), interval (pm | bracket), min_seeds, n_boot, seed."""
+    metric) with its verdicts, the further metrics, the cost; the caption and the lines under the
+    table. `options`: interval (pm | bracket), min_seeds, margin (Options)."""
     opts = Options(**options)
+    meta = results.attrs["sweep"]
+    margin = opts.margin if opts.margin is not None else margin_of(meta.raw, f"{meta.name}/sweep.json")
     curves = curves if curves is not None else pd.DataFrame(columns=["point", "metric", "update", "value"])
     done = results[results["status"].isin(FINISHED)]
     cells = list(dict.fromkeys(results["cell"]))
     requested = requested_seeds(results, cells)
     wanted = list(metrics or default_metrics(results))
     primary = wanted[0] if wanted[0] != "collapsed_at" else None
-    block, scores = _primary_block(results, curves, tasks, cells, primary, opts)
+    block, scores = _primary_block(results, curves, tasks, cells, primary, margin)
     extra_notes: list[str] = []
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}
     rest = _recorded(done, values, rest, bool(metrics), extra_notes)
     grid = _block_entries(block, cells, requested, opts.min_seeds)
-    for c, entries in _metric_columns(done, values, rest, cells, requested, opts.min_seeds, opts.boot).items():
+    for c, entries in _metric_columns(done, values, rest, cells, requested, opts.min_seeds).items():
         grid[c].update(entries)
     cost_cols, cost_grid = _cost_entries(block, cells, dict(zip(results["cell"], results["baseline_cell"])))
     columns = block.columns + rest + cost_cols
     header = [BLOCK_NAMES[c] if c in BLOCK_NAMES else COST_NAMES.get(c) or metric_name(c) for c in columns]
-    if block.columns in ([FINAL, DELTA], [FINAL]):  # a summary metric without a start
+    if block.columns and block.columns[0] == FINAL:  # a summary metric without a start
         header[0] = metric_name(primary)
     key_header, keys = keys_and_header(results, cells)
     rows, data = [], []
@@ -310,18 +367,23 @@ def build_table(
         if any_corrupt:
             data[-1]["corrupt"] = n_corrupt
     shown = " ".join(format_entry(e, MD, opts.interval) for _, _, es in rows for e in es)
+    warned = warnings(results)
     return Table(
-        results.attrs["sweep"].name,
+        meta.name,
         key_header,
         header,
         rows,
-        caption(results, block, scores, primary, opts.statistic, opts.interval, opts.n_boot),
+        caption(results, block, scores, primary, opts.interval, margin),
         notes(results, block, columns, requested, opts.min_seeds, shown, [seeds for _, seeds, _ in rows]) + extra_notes,
         provenance(results),
         missing_lines(results),
         pd.DataFrame(data),
         opts.interval,
-        summary_lines(results, block, scores, opts.statistic),
+        summary_lines(results, block, scores) + warned,
+        warned,
+        short_caption(results, block, scores, primary),
+        legend(opts.interval),
+        _findings(results, block),
     )
 
 
@@ -382,4 +444,6 @@ def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table
         check_metrics(metrics, known, Path(path))
     wanted = list(metrics or default_metrics(results))
     tasks = load_tasks(Path(path), list(done["point"])) if wanted[0].startswith("final/eval_") else None
+    if kw.get("margin") is None:  # the sweep's, named by its file when it is bad
+        kw["margin"] = margin_of(results.attrs["sweep"].raw, (Path(path) / SWEEP_MANIFEST).as_posix())
     return build_table(results, curves, metrics, tasks=tasks, **kw)

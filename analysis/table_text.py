@@ -4,13 +4,15 @@ sampled, episodes per evaluation, how the intervals were computed."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
 
 from analysis.cells import axis_label, format_value, short_axis_names
 from analysis.columns import DELTA, GAIN, MATCHED, START, Block, power
-from analysis.stats import CONFIDENCE
+from analysis.intervals import DEFAULT_MARGIN, sig2
+from analysis.load import AnalysisError
 from analysis.tasks import Scores, task_env, task_metric
 from harness.store import FINISHED
 
@@ -23,6 +25,20 @@ FIELD_WORDS = {
     "deadlock_rate": "deadlock rate (Sokoban episodes that end with a box on a dead cell)",
 }
 MIN_SEEDS_WARNING = 3
+MARGIN_KEY = "equivalence_margin"
+DEFINITIONS = {  # the column definitions a page states once (its legend) and a table on its own in its notes
+    "collapsed_at": "collapse (update): mean update at which the collapse detector fired, over the runs "
+    "that collapsed (collapsed/finished); never = no run collapsed.",
+    "cost": "episodes, gen. tokens (generated, refills included) and wall (wall-clock time) are totals per run, "
+    "mean over seeds; (×r) = r times the baseline of the same config, shown when r differs from 1 by more than 5%.",
+    "Δ@": "Δ @ equal episodes: cell and baseline compared at the smaller of their two mean episode budgets, "
+    "each seed's scores interpolated linearly between the evaluations around that budget (never "
+    "extrapolated); shown where the budgets differ by more than 5%.",
+    "degenerate": "(degenerate): every seed (and task) gave the same value, so the spread is 0 and no interval "
+    "can be estimated: the number is not a result.",
+    "mde": "Minimum detectable effect: the true Δ these seeds and tasks would detect with 80% power, from the "
+    "same model as the intervals; a planning quantity, not a threshold: the verdict column says what each Δ shows.",
+}
 
 
 def _done(results: pd.DataFrame) -> pd.DataFrame:
@@ -89,64 +105,146 @@ def _final_updates(results: pd.DataFrame, scores: Scores | None) -> str:
     return f"after update {ups[0]}" if len(ups) == 1 else f"after updates {ups[0]}-{ups[-1]}"
 
 
-def caption(results, block: Block, scores: Scores | None, primary: str | None, statistic, interval, n_boot) -> str:
-    meta = results.attrs["sweep"]
-    stat = "Mean" if statistic == "mean" else "IQM (interquartile mean, rliable)"
-    form = "± half-width (differences: [lo, hi])" if interval == "pm" else "[lo, hi]"
-    parts = [f"Sweep {meta.name}."]
-    if block.columns and primary:
-        parts.append(f"Metric: {_what(results, scores, primary)}.")
-        if START in block.columns:
-            parts.append(
-                f"start = before RL (update 0); final = {_final_updates(results, scores)}; gain = final - start."
-            )
-    boot = f"{CONFIDENCE:.0%} percentile bootstrap CI ({n_boot:,} resamples)"
-    if scores is not None and scores.per_task and block.columns:
-        parts.append(
-            f"{stat} over seeds x tasks with a {boot} from a two-level bootstrap that resamples seeds "
-            f"and tasks independently, shown as {form}; gain and Δ are paired by seed and task (common random numbers)."
+def margin_of(raw: dict, where: str) -> float:
+    """The sweep's equivalence margin (`equivalence_margin` of its sweep file, in sweep.json), else
+    DEFAULT_MARGIN; a value that is not a positive number is an error naming where it is."""
+    v = (raw or {}).get(MARGIN_KEY)
+    if v is None:
+        return DEFAULT_MARGIN
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise AnalysisError(
+            f"{where}: {MARGIN_KEY} = {v!r} is not a valid margin; it must be a positive number in the units "
+            f"of the sweep's metric (below 1 for a rate), e.g. {DEFAULT_MARGIN}, or left out for {DEFAULT_MARGIN}."
         )
-    else:
-        why = f" {scores.note}" if block.columns and scores is not None and scores.note else ""
-        parts.append(f"{why} {stat} over seeds with a {boot}, shown as {form}.".strip())
+    return float(v)
+
+
+def _interval_words(per_task: bool, interval: str) -> str:
+    form = "± half-width (differences: [lo, hi])" if interval == "pm" else "[lo, hi]"
+    if per_task:
+        return (
+            "Mean over seeds x tasks with a 95% t interval from the two-way model of seeds and tasks "
+            "(SE from the seed means plus the task term; t with seeds - 1 df while the seed means dominate, else "
+            f"Satterthwaite's df), shown as {form}; gain and Δ are the intervals of the per-seed, per-task "
+            "differences (paired by seed and task)."
+        )
+    return f"Mean over seeds with a 95% t interval (seeds - 1 df), shown as {form}."
+
+
+def _verdict_words(margin: float | None) -> str:
+    within = f"±{margin:g}" if margin is not None else "± the sweep's equivalence_margin (default 0.05)"
+    return (
+        "verdict: better / worse when the contrast's two-sided p-value survives Holm's correction across the "
+        f"table's contrasts (family-wise α = 0.05); equivalent when its 90% interval lies inside {within} (two "
+        "one-sided tests); undetermined otherwise; degenerate when the contrast has no spread across seeds and "
+        "tasks (no test possible); higher / lower for a metric without a better direction (turns). The contrasts "
+        "are the Δ vs baseline, or the gains in a table without Δ."
+    )
+
+
+def short_caption(results, block: Block, scores: Scores | None, primary: str | None) -> str:
+    """What this table is: the sweep, the metric, the final update, the baseline, seeds, code."""
+    meta = results.attrs["sweep"]
+    parts = [f"Sweep {meta.name}"]
+    if block.columns and primary:
+        parts.append(_what(results, scores, primary))
+        if START in block.columns:
+            parts.append(f"final = {_final_updates(results, scores)}")
+    if block.columns and scores is not None and not scores.per_task and scores.note:
+        parts.append(scores.note[0].lower() + scores.note[1:].rstrip("."))
     if DELTA in block.columns:
         base = results.loc[results["is_baseline"], "label"]
-        parts.append(
-            f"Δ = final minus the final of the baseline ({base.iloc[0] if len(base) else '?'}) of the same config."
-        )
-    seeds = ", ".join(str(s) for s in meta.seeds) or "unknown"
-    return " ".join(parts) + f" Seeds {seeds}. Code {code_versions(_done(results))}."
+        parts.append(f"baseline {base.iloc[0] if len(base) else '?'}")
+    parts.append(f"seeds {', '.join(str(s) for s in meta.seeds) or 'unknown'}")
+    return "; ".join(parts) + f"; code {code_versions(_done(results))}."
 
 
-def summary_lines(results: pd.DataFrame, block: Block, scores: Scores | None, statistic: str) -> list[str]:
+def caption(results, block: Block, scores: Scores | None, primary: str | None, interval: str, margin: float) -> str:
+    """The short caption, then what its columns and intervals are (a table on its own)."""
+    per_task = scores is not None and scores.per_task and bool(block.columns)
+    parts = [short_caption(results, block, scores, primary)]
+    if START in block.columns:
+        parts.append("start = before RL (update 0); gain = final - start.")
+    if DELTA in block.columns:
+        parts.append("Δ = final minus the final of the baseline of the same config.")
+    parts.append(_interval_words(per_task, interval))
+    if block.verdicts:
+        words = _verdict_words(margin)
+        parts.append(words[0].upper() + words[1:])
+    return " ".join(parts)
+
+
+def legend(interval: str = "pm") -> list[str]:
+    """The definitions every table of a page shares (docs/results.md states them once); a table on
+    its own has them in its caption and notes."""
+    alone = _interval_words(False, interval)
+    out = [_interval_words(True, interval) + " Without per-task results: " + alone[0].lower() + alone[1:]]
+    out.append(_verdict_words(None)[0].upper() + _verdict_words(None)[1:])
+    return out + list(DEFINITIONS.values())
+
+
+def summary_lines(results: pd.DataFrame, block: Block, scores: Scores | None) -> list[str]:
     """The minimum detectable effect and the few-seeds warning, printed right under the table."""
     meta = results.attrs["sweep"]
     done = _done(results)
     own = done[done["config_group"] == ""]
     n = len(meta.seeds) or int(own.groupby("cell")["point"].count().max() if len(own) else 0)
-    m = next((d.shape[1] for d in block.diffs), next((g.shape[1] for g in block.gain_grids.values()), 1))
     lines = []
     if GAIN in block.columns or DELTA in block.columns:
-        pw, source = power(block, n, m)
+        design, source = power(block)
         per_task = scores is not None and scores.per_task
-        design = f"{n} seeds x {m} tasks" if per_task else f"{n} seeds (seed-level values)"
-        if pw is None:
-            lines.append(f"Minimum detectable effect (80% power): not available for {design}: {source}.")
+        if design is None:
+            m = block.tasks if per_task else 1
+            what = f"{n} seeds x {m} tasks" if per_task else f"{n} seeds (seed-level values)"
+            lines.append(f"Minimum detectable effect (80% power): not available for {what}: {source}.")
         else:
-            q = f"t quantiles with {pw.df} df (the seed variance dominates)" if pw.df else "normal quantiles"
-            c = {k: f"{math.sqrt(getattr(pw.components, k)):.3g}" for k in ("seed", "task", "residual")}
-            mean_only = " The MDE is for the mean, not the IQM." if statistic != "mean" else ""
-            lines.append(
-                f"Minimum detectable effect (80% power, two-sided α = 0.05) for {design}: "
-                f"{pw.mde:.3g} = {pw.multiplier:.2f} x SE {pw.se:.3g} ({q}); variance components from {source}: "
-                f"σ_seed {c['seed']}, σ_task {c['task']}, σ_residual {c['residual']}." + mean_only
-            )
+            what = f"{design.n} seeds x {design.m} tasks" if per_task else f"{design.n} seeds (seed-level values)"
+            iv = design.interval()
+            sd = ", ".join(f"σ_{k} {sig2(v)}" for k, v in zip(("seed", "task", "residual"), design.sigmas()))
+            if iv.degenerate:
+                lines.append(
+                    f"Minimum detectable effect (80% power) for {what}: degenerate: {source} have no spread across "
+                    "seeds and tasks, so no power can be computed (not a result)."
+                )
+            else:
+                mult = iv.mde80() / iv.se
+                lines.append(
+                    f"Minimum detectable effect (80% power, two-sided α = 0.05) for {what}: {sig2(iv.mde80())} = "
+                    f"{mult:.2f} x SE {sig2(iv.se)} (t, {iv.df:.2g} df); {sd}, from the mean squares of {source}."
+                )
     if n < MIN_SEEDS_WARNING:
         lines.append(
             f"Warning: {n} seed(s) per point; below {MIN_SEEDS_WARNING} seeds the seed variance is barely "
             f"estimated and the intervals are unreliable (run more with --seeds)."
         )
     return lines
+
+
+def _kernel_path(cpu: str) -> str:
+    """'AVX512, mkl on AMD EPYC 9654' from a point's recorded CPU code path (JSON)."""
+    try:
+        d = json.loads(cpu)
+    except ValueError:
+        return cpu
+    pins = [f"{k}={d[k]}" for k in ("MKL_CBWR", "ATEN_CPU_CAPABILITY") if d.get(k)]
+    text = ", ".join(str(d[k]) for k in ("torch_kernels", "blas") if d.get(k)) or "unknown kernels"
+    return text + (f" ({', '.join(pins)})" if pins else "") + (f" on {d['model']}" if d.get("model") else "")
+
+
+def warnings(results: pd.DataFrame) -> list[str]:
+    """One line when the finished points come from more than one CPU kernel path (provenance's
+    cpu record): their floating-point bits differ, so the machine is a source of variance."""
+    done = _done(results)
+    if "cpu" not in done:
+        return []
+    counts = done["cpu"].dropna().value_counts(sort=False)
+    if len(counts) < 2:
+        return []
+    groups = "; ".join(f"{_kernel_path(c)}: {k} point{'s' if k > 1 else ''}" for c, k in counts.items())
+    return [
+        f"Warning: this table pools runs from {len(counts)} CPU kernel paths ({groups}); runs on different "
+        "paths are not bit-comparable, so the differences between them include the machine."
+    ]
 
 
 def notes(
@@ -166,8 +264,8 @@ def notes(
         if block.other_tasks:
             out.append(
                 "‡ unpaired interval: the cell's held-out tasks are not the baseline's (another environment, "
-                "options or split size), so nothing pairs: each side's seeds and tasks are resampled on their "
-                "own, and Δ compares two task distributions, not one policy against another on the same tasks."
+                "options or split size), so nothing pairs: the two grids' variances add, and Δ compares two "
+                "task distributions, not one policy against another on the same tasks."
             )
     if "(n=" in shown:
         out.append(f"— (n=k): fewer than {min_seeds} seeds (--min-seeds); no estimate shown.")
@@ -180,22 +278,16 @@ def notes(
     if len(diverged):
         runs = ", ".join(f"{r['label']} seed {r['seed']}" for _, r in diverged.iterrows())
         out.append(f"Diverged runs count as results, with the metrics they had when stopped: {runs}.")
+    if "(degenerate)" in shown:
+        out.append(DEFINITIONS["degenerate"])
+    if GAIN in columns or DELTA in columns:
+        out.append(DEFINITIONS["mde"])
     if "collapsed_at" in columns:
-        out.append(
-            "collapse (update): mean update at which the collapse detector fired, over the runs "
-            "that collapsed (collapsed/finished); never = no run collapsed."
-        )
+        out.append(DEFINITIONS["collapsed_at"])
     if any(c in columns for c in ("episodes", "tokens", "wall")):
-        out.append(
-            "episodes, gen. tokens (generated, refills included) and wall (wall-clock time) are totals per run, mean "
-            "over seeds; (×r) = r times the baseline of the same config, shown when r differs from 1 by more than 5%."
-        )
+        out.append(DEFINITIONS["cost"])
     if MATCHED in columns:
-        out.append(
-            "Δ @ equal episodes: cell and baseline compared at the smaller of their two mean episode budgets, "
-            "each seed's scores interpolated linearly between the evaluations around that budget (never "
-            "extrapolated); shown where the budgets differ by more than 5%."
-        )
+        out.append(DEFINITIONS["Δ@"])
     if meta.other_configs:
         out.append(
             "config: points of another base config found in this folder, named by the keys that differ from the "

@@ -67,15 +67,17 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not a margin: give a positive number in the metric's units, e.g. 0.05")
+    return value
+
+
 @_friendly
 def table(
     results: ResultsArg,
     metric: MetricOpt = None,
     format: Annotated[TableFormat, typer.Option("--format", "-f", help="Output format.")] = TableFormat.markdown,
-    iqm: Annotated[
-        bool,
-        typer.Option("--iqm", help="Interquartile mean with a stratified bootstrap CI (rliable) instead of the mean."),
-    ] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
     min_seeds: Annotated[
         int,
@@ -85,19 +87,21 @@ def table(
         Interval,
         typer.Option("--interval", help="pm: mean ± CI half-width; bracket: mean followed by the interval's two ends."),
     ] = Interval.pm,
-    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 10_000,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            "--margin",
+            callback=_positive,
+            help="Equivalence margin of the verdict column, in the metric's units (default: the sweep file's "
+            "equivalence_margin, else 0.05).",
+        ),
+    ] = None,
 ) -> None:
-    """Paper table: start, final, gain and Δ to the baseline (paired over seeds x tasks), cost, MDE."""
+    """Paper table: start, final, gain, Δ to the baseline (paired over seeds x tasks) and its verdict
+    (Holm across the table's contrasts, equivalence within a margin), cost, MDE."""
     from analysis.table import render, table_for
 
-    t = table_for(
-        results,
-        metric or None,
-        statistic="iqm" if iqm else "mean",
-        interval=interval.value,
-        min_seeds=min_seeds,
-        n_boot=n_boot,
-    )
+    t = table_for(results, metric or None, interval=interval.value, min_seeds=min_seeds, margin=margin)
     text = render(t, format.value)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +109,9 @@ def table(
         print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    if out or format is not TableFormat.markdown:  # else the lines under the table on stdout already say it
+        for w in t.warnings:
+            print(w, file=sys.stderr)
     if t.missing and (out or format is TableFormat.csv):  # else the footer on stdout already says it
         print("not in the table:\n  " + "\n  ".join(t.missing), file=sys.stderr)
 
@@ -136,12 +143,11 @@ def report(
         ),
     ] = None,
     metric: MetricOpt = None,
-    iqm: Annotated[bool, typer.Option("--iqm", help="IQM instead of the mean in the table.")] = False,
 ) -> None:
     """One page: status of every point, the table, the figures, provenance and what is missing."""
     from analysis.report import write_report
 
-    print(write_report(results, format.value, out, metric or None, statistic="iqm" if iqm else "mean"))
+    print(write_report(results, format.value, out, metric or None))
 
 
 @_friendly

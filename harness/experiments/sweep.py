@@ -11,6 +11,7 @@
       - {label: gspo, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4}
     seeds: [0, 1, 2]
     baseline: gspo                     # a label, or an override mapping; default: the first point
+    equivalence_margin: 0.05           # optional: the verdict column's equivalence margin (analysis)
 
 Variants = product(grid keys, zip groups) + points (one base-only variant when none is given);
 points = variants x seeds. A point's id is a readable slug of its overrides (or its label), its
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from envs.registry import env_class
 from harness.config.errors import ConfigError, warn
@@ -88,6 +90,11 @@ class SweepSpec(BaseModel):
         description="More held-out metrics tabulated under the lead one in docs/results.md (e.g. a probe's "
         "eval_sampled/exploit_rate next to its true success).",
     )
+    equivalence_margin: float | None = Field(
+        None,
+        description="Margin of the verdict column, in the metric's units: a contrast whose 90% interval lies "
+        "inside ±margin is 'equivalent' (docs/algorithms.md#statistics). null: analysis's default, 0.05.",
+    )
 
     _base_kind = field_validator("base", mode="before")(check_base_kind)
 
@@ -100,6 +107,16 @@ class SweepSpec(BaseModel):
     @classmethod
     def _held_out_metrics(cls, values: list[str]) -> list[str]:
         return [_held_out(v) for v in values]
+
+    @field_validator("equivalence_margin", mode="before")
+    @classmethod
+    def _margin(cls, value: Any, info: ValidationInfo) -> Any:
+        rate = str(info.data.get("metric", "")).endswith(("success", "_rate"))
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < (1 if rate else math.inf)
+        if value is not None and not ok:
+            bound = "a number between 0 and 1 (exclusive), the metric being a rate" if rate else "a positive number"
+            raise ValueError(f"must be {bound}, e.g. 0.05 (or leave it out for the default 0.05)")
+        return value
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -133,6 +150,7 @@ class Sweep:
     command: str = ""  # the command line that expands to these points
     metric: str = "eval_greedy/success"  # the held-out metric its table leads with
     tables: list[str] = field(default_factory=list)  # more held-out metrics for docs/results.md
+    equivalence_margin: float | None = None  # the verdict column's margin; None: analysis's default
 
     def base_config(self) -> dict[str, Any]:
         """The base signature of the sweep (harness.experiments.base_config): the baseline's
@@ -177,6 +195,7 @@ class Sweep:
             "seeds": self.seeds,
             "metric": f"final/{self.metric}",
             **({"tables": [f"final/{m}" for m in self.tables]} if self.tables else {}),
+            **({"equivalence_margin": self.equivalence_margin} if self.equivalence_margin is not None else {}),
             **({"task_neutral": neutral} if (neutral := self.task_neutral_options()) else {}),
             **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
@@ -485,6 +504,7 @@ def load_sweep(
         shlex.join(command),
         spec.metric,
         list(spec.tables),
+        spec.equivalence_margin,
     )
 
 

@@ -10,7 +10,8 @@ from synthetic import make_clip_sweep
 from typer.testing import CliRunner
 
 from analysis.load import AnalysisError
-from analysis.plot import bands, make_plots
+from analysis.plot import make_plots
+from analysis.plot_data import bands
 from analysis.report import write_report
 from harness.cli.analysis import register
 
@@ -38,10 +39,11 @@ def test_plot_command_writes_png_and_svg(cli, clip_sweep, tmp_path):
     assert (tmp_path / "figs" / "diagnostics.svg").read_text().count("stroke-dasharray") >= 2 * 4
 
 
-def test_bands_are_the_bootstrap_ci_over_seeds():
+def test_bands_are_the_t_interval_over_seeds():
     data = pd.DataFrame({"label": ["a"] * 4, "update": [0, 0, 1, 1], "value": [0.0, 1.0, 0.5, 0.5]})
     b = bands(data).set_index("update")
-    assert (b.loc[0, "mean"], b.loc[0, "lo"], b.loc[0, "hi"]) == (0.5, 0.0, 1.0)
+    half = 12.706204736 * 0.5  # t(0.975, 1 df) x SE of [0, 1] (sd 0.707 / sqrt 2)
+    assert (b.loc[0, "mean"], b.loc[0, "lo"], b.loc[0, "hi"]) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
     assert b.loc[1, "lo"] == b.loc[1, "hi"] == 0.5
 
 
@@ -73,8 +75,10 @@ def test_table_and_report_commands(cli, clip_sweep, tmp_path):
     r = cli("table", clip_sweep, "--format", "latex", "--out", tmp_path / "t.tex")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "t.tex").read_text(encoding="utf-8").count(r"\toprule") == 1
-    r = cli("table", clip_sweep, "-m", "final/eval_greedy/success", "--iqm", "--min-seeds", "2")
-    assert r.exit_code == 0 and "IQM" in r.output and "| dual | 3/3 | 0.00 ± 0.00 | 0.75" in r.output
+    r = cli("table", clip_sweep, "-m", "final/eval_greedy/success", "--margin", "0.3", "--min-seeds", "2")
+    assert r.exit_code == 0 and "| dual | 3/3 | 0.00 (degenerate) | 0.75" in r.output and "±0.3 " in r.output
+    r = cli("table", clip_sweep, "--margin", "0")
+    assert r.exit_code == 2 and "not a margin" in r.output and "Traceback" not in r.output
     r = cli("report", clip_sweep, "--format", "html", "--out", tmp_path / "site" / "index.html")
     assert r.exit_code == 0, r.output
     html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")

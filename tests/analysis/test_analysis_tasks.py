@@ -11,8 +11,8 @@ from synthetic import make_clip_sweep
 from synthetic_tasks import AXIS, SEEDS, TASKS, add_other_config, make_task_sweep, task_rows
 from typer.testing import CliRunner
 
+from analysis.intervals import grid_interval, pooled_design, seed_interval, separate_interval, sig2
 from analysis.render import render
-from analysis.stats import crossed_bootstrap, mde80, pooled_components, variance_components
 from analysis.table import table_for
 from harness.cli.analysis import register
 
@@ -44,9 +44,9 @@ def test_start_final_gain_and_delta_are_the_known_values(sweep):
     assert d.loc["none", "gain"] == pytest.approx(0.25)
     assert d.loc["ragen_top_p", "delta"] == pytest.approx(0.25) and d.loc["dapo", "delta"] == pytest.approx(0.25)
     assert bool(d.loc["dapo", "delta:paired"]) and d.loc["dapo", "delta:n"] == 3
-    gain = crossed_bootstrap(grid("none", 4), grid("none", 0))  # the two-level bootstrap of the paired grid
+    gain = grid_interval(grid("none", 4) - grid("none", 0))  # the interval of the paired differences
     assert (d.loc["none", "gain:lo"], d.loc["none", "gain:hi"]) == pytest.approx((gain.lo, gain.hi))
-    delta = crossed_bootstrap(grid("dapo", 4), grid("none", 4))
+    delta = grid_interval(grid("dapo", 4) - grid("none", 4))
     assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((delta.lo, delta.hi))
     assert d.loc["none", "final:hi"] - d.loc["none", "final:lo"] > 0.2  # 8 tasks: the tasks' spread counts
 
@@ -69,7 +69,7 @@ def test_caption_says_split_tasks_decoding_and_episodes(sweep):
     assert "held-out success rate, greedy decoding, 8 held-out tasks x 1 sample each (8 episodes per evaluation)" in (
         t.caption
     )
-    assert "two-level bootstrap that resamples seeds and tasks" in t.caption and "after update 4" in t.caption
+    assert "95% t interval from the two-way model of seeds and tasks" in t.caption and "after update 4" in t.caption
     s = table_for(sweep, ["final/eval_sampled/success"])
     assert "sampled decoding, 8 held-out tasks x 2 samples each (16 episodes per evaluation)" in s.caption
     d = data(sweep, "final/eval_sampled/success")
@@ -78,10 +78,9 @@ def test_caption_says_split_tasks_decoding_and_episodes(sweep):
 
 def test_mde_is_printed_under_the_table(sweep):
     t = table_for(sweep)
-    parts = [variance_components(grid(c, 4) - grid("none", 4)) for c in ("ragen_top_p", "dapo")]
-    pw = mde80(pooled_components(parts), 3, TASKS)
+    iv = pooled_design([grid(c, 4) - grid("none", 4) for c in ("ragen_top_p", "dapo")]).interval()
     line = next(s for s in t.summary if s.startswith("Minimum detectable effect"))
-    assert f"for 3 seeds x 8 tasks: {pw.mde:.3g} = {pw.multiplier:.2f} x SE {pw.se:.3g}" in line
+    assert f"for 3 seeds x 8 tasks: {sig2(iv.mde80())} = {iv.mde80() / iv.se:.2f} x SE {sig2(iv.se)}" in line
     assert not any(s.startswith("Warning") for s in t.summary)
     assert render(t, "markdown").index("Minimum detectable") < render(t, "markdown").index("Notes:")
 
@@ -96,10 +95,10 @@ def test_fewer_than_three_seeds_warns(tmp_path):
 def test_without_per_task_results_the_table_falls_back_to_seeds_and_says_so(tmp_path):
     root = make_task_sweep(tmp_path / "old", per_task=False)
     t = table_for(root)
-    assert "No per-task results (eval_tasks.jsonl): intervals are over seeds only" in t.caption
+    assert "no per-task results (eval_tasks.jsonl): intervals are over seeds only" in t.caption
     d = data(root)
     assert d.loc["none", "final"] == pytest.approx(13 / 24) and d.loc["dapo", "delta"] == pytest.approx(0.25)
-    per_seed = crossed_bootstrap(grid("none", 4).mean(axis=1, keepdims=True))  # one value per seed
+    per_seed = seed_interval(grid("none", 4).mean(axis=1))  # one value per seed: the t interval
     assert (d.loc["none", "final:lo"], d.loc["none", "final:hi"]) == pytest.approx((per_seed.lo, per_seed.hi))
     assert "for 3 seeds (seed-level values)" in t.summary[0]
 
@@ -107,8 +106,8 @@ def test_without_per_task_results_the_table_falls_back_to_seeds_and_says_so(tmp_
 def test_points_without_per_task_results_make_the_whole_table_per_seed(sweep):
     (sweep / "filter.name=dapo__seed=1__h1" / "eval_tasks.jsonl").unlink()
     t = table_for(sweep)
-    assert "Per-task results (eval_tasks.jsonl) are missing for 1 of 9 finished points" in t.caption
-    assert "two-level" not in t.caption
+    assert "per-task results (eval_tasks.jsonl) are missing for 1 of 9 finished points" in t.caption
+    assert "two-way model" not in t.caption
 
 
 def test_points_of_another_base_config_are_never_pooled(sweep):
@@ -177,7 +176,7 @@ def test_a_mixture_gets_a_paired_table_per_environment(sweep):
     # none: seeds 0, 1 solve tasks j < 2 at the start and j < 4 at the end; seed 2 one more task each
     assert d.loc["none", "start"] == pytest.approx((2 + 2 + 3) / 12) and d.loc["none", "final"] == pytest.approx(1.0)
     a = grid("none", 4)[:, :4], grid("none", 0)[:, :4]
-    gain = crossed_bootstrap(*a)  # the paired bootstrap on environment a's tasks only
+    gain = grid_interval(a[0] - a[1])  # the paired interval on environment a's tasks only
     assert (d.loc["none", "gain:lo"], d.loc["none", "gain:hi"]) == pytest.approx((gain.lo, gain.hi))
     b = data(root, "final/eval_greedy/b/success")
     # ragen_top_p ends at threshold 6 (7 on seed 2): tasks 104, 105 (and 106) of b
@@ -209,23 +208,21 @@ def _dapo_on_another_map_size(sweep, task_neutral: list[str] | None = None) -> N
 
 def test_a_cell_on_other_held_out_tasks_is_compared_unpaired(sweep):
     """dapo evaluated on another map size: the same task ids are other maps, so Δ is the difference of
-    two separately resampled grids (`separate_bootstrap`), marked ‡ with its own footnote, and left out
+    two grids whose variances add (`separate_interval`), marked ‡ with its own footnote, and left out
     of the MDE's paired differences; ragen_top_p (same tasks) stays paired."""
-    from analysis.stats import separate_bootstrap
-
     _dapo_on_another_map_size(sweep)
     d = data(sweep)
     assert d.loc["dapo", "delta"] == pytest.approx(0.25) and not bool(d.loc["dapo", "delta:paired"])
     assert bool(d.loc["ragen_top_p", "delta:paired"])
-    sep = separate_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    sep = separate_interval(grid("dapo", 4), grid("none", 4))
     assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((sep.lo, sep.hi))
-    paired = crossed_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    paired = grid_interval(grid("dapo", 4) - grid("none", 4))
     assert sep.hi - sep.lo > paired.hi - paired.lo  # the tasks' spread no longer cancels
     text = render(table_for(sweep), "markdown")
     assert "held-out tasks are not the baseline's" in text and "seeds differ from the baseline's" not in text
     # the MDE comes from the paired Δ of ragen_top_p alone
-    alone = mde80(pooled_components([variance_components(grid("ragen_top_p", 4) - grid("none", 4))]), 3, TASKS)
-    assert f"{alone.mde:.3g} = " in text
+    alone = pooled_design([grid("ragen_top_p", 4) - grid("none", 4)]).interval()
+    assert f"{sig2(alone.mde80())} = " in text
 
 
 def test_options_the_manifest_lists_as_task_neutral_keep_the_pairing(sweep):
@@ -234,16 +231,18 @@ def test_options_the_manifest_lists_as_task_neutral_keep_the_pairing(sweep):
     _dapo_on_another_map_size(sweep, task_neutral=["env.options.size"])
     d = data(sweep)
     assert d.loc["dapo", "delta"] == pytest.approx(0.25) and bool(d.loc["dapo", "delta:paired"])
-    paired = crossed_bootstrap(grid("dapo", 4), grid("none", 4), n_boot=10_000)
+    paired = grid_interval(grid("dapo", 4) - grid("none", 4))
     assert (d.loc["dapo", "delta:lo"], d.loc["dapo", "delta:hi"]) == pytest.approx((paired.lo, paired.hi))
     assert "held-out tasks are not the baseline's" not in render(table_for(sweep), "markdown")
 
 
-def test_separate_bootstrap_by_hand():
-    from analysis.stats import separate_bootstrap
-
-    a, b = np.full((3, 4), 0.75), np.full((2, 6), 0.5)  # no spread: the interval is the point
-    e = separate_bootstrap(a, b)
-    assert (e.value, e.lo, e.hi, e.n, e.paired) == (0.25, 0.25, 0.25, 2, False)
-    one = separate_bootstrap(np.ones((1, 4)), b)  # one seed on a side: the point estimate only
+def test_separate_interval_by_hand():
+    a, b = np.full((3, 4), 0.75), np.full((2, 6), 0.5)  # no spread: degenerate, never a zero-width interval
+    e = separate_interval(a, b)
+    assert (e.value, e.n, e.degenerate) == (0.25, 2, True)
+    one = separate_interval(np.ones((1, 4)), b)  # one seed on a side: the point estimate only
     assert one.value == 0.5 and np.isnan(one.lo) and np.isnan(one.hi)
+    # seeds only (one task column): SE^2 is the sum of the two t intervals' SE^2
+    x, y = np.array([[0.1], [0.3], [0.2]]), np.array([[0.5], [0.9]])
+    e = separate_interval(x, y)
+    assert e.se == pytest.approx(np.sqrt(x.var(ddof=1) / 3 + y.var(ddof=1) / 2))

@@ -26,15 +26,16 @@ def test_results_doc_covers_every_shipped_sweep_and_keeps_the_notes(tmp_path):
     notes = "DAPO's dynamic sampling (Yu et al. 2025) wins per update but not per episode here.\n\n| a | b |"
     (docs / "results_notes" / "filters.md").write_text(notes + "\n")
     (docs / "results_notes" / "_intro.md").write_text("All runs on 2 CPU cores.\n")
+    (docs / "results_notes" / "_limits.md").write_text("Actions of 1-2 tokens.\n")
     out = docs / "results.md"
     r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
     assert r.exit_code == 0, r.output
     text = out.read_text()
-    filters = text.split("## filters")[1].split("## study")[0]
+    filters = text.split("\n## filters")[1].split("\n## study")[0]
     assert "- Command: `harness sweep sweeps/filters.yaml`" in filters and "- Seeds: 0, 1, 2" in filters
     assert "- Code version: 89abcde" in filters and "9 of 9 points finished (9 done)" in filters
-    assert "| filter.name | seeds | start | final | gain | Δ vs baseline | Δ @ equal episodes |" in filters
-    assert "Minimum detectable effect (80% power" in filters
+    head = "| filter.name | seeds | start | final | gain | Δ vs baseline | verdict | Δ @ equal episodes |"
+    assert head in filters and "Minimum detectable effect (80% power" in filters
     assert filters.split("### Notes")[1].strip() == notes  # verbatim
     links = re.findall(r"!\[[^]]*\]\(([^)]+)\)", filters)
     assert links == [
@@ -43,10 +44,11 @@ def test_results_doc_covers_every_shipped_sweep_and_keeps_the_notes(tmp_path):
         "figures/filters/diagnostics.png",
     ]
     assert all((docs / link).stat().st_size > 10_000 for link in links)
-    assert "All runs on 2 CPU cores." in text.split("## ")[0]
-    assert f"Not run yet: `harness sweep {sweeps.as_posix()}/unrun.yaml`" in text
+    assert "All runs on 2 CPU cores." in text.split("\n## filters")[0]
+    assert "Not run yet: `harness sweep sweeps/unrun.yaml`" in text
     assert "write `" in text.split("## unrun")[1]  # a placeholder where no notes exist yet
     assert "An Optuna study, not run yet: `harness tune" in text.split("## study")[1]
+    assert str(tmp_path) not in text  # no path of the machine that built the page
     pngs = {p: p.read_bytes() for p in (docs / "figures").rglob("*.png")}
     assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0
     assert out.read_text() == text and all(p.read_bytes() == b for p, b in pngs.items())  # reproducible
@@ -121,7 +123,7 @@ def test_results_doc_prints_a_studys_trials(tmp_path):
     r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
     assert r.exit_code == 0, r.output
     section = out.read_text().split("## study")[1]
-    assert f"`harness tune {sweeps.as_posix()}/study.yaml --results {root.as_posix()} --show` prints:" in section
+    assert "`harness tune sweeps/study.yaml --results results --show` prints:" in section
     assert "study study: 2 trials (2 complete)" in section and "best trial 1: eval_greedy/success = 0.5" in section
     assert "algo.lr = 0.0003" in section
     first = out.read_text()

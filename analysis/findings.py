@@ -1,0 +1,120 @@
+"""The findings of a results page: one row per contrast of every sweep's lead table (sweep | question
+| answer | Δ [CI] | verdict), and which sweeps share one baseline run (their errors are correlated).
+
+A sweep's question is its line in `<notes>/_questions.yaml` ({sweep: question}), else the first
+sentence of its description. The answer is the verdict in words (analysis.intervals.verdict); the
+verdicts are the table's, Holm-corrected across the contrasts of that table.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from analysis.columns import DELTA
+from analysis.intervals import Interval
+from analysis.load import AnalysisError
+from harness.store import FINISHED
+
+QUESTIONS = "_questions.yaml"
+QUESTION_CHARS = 140
+
+
+def questions(notes_dir: Path) -> dict[str, str]:
+    """{sweep: question} from `<notes>/_questions.yaml`; a file that is not such a mapping is an error."""
+    path = notes_dir / QUESTIONS
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise AnalysisError(f"{path}: not valid YAML ({e}).") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise AnalysisError(f"{path}: expected a mapping of sweep name -> question (text), e.g. clipping: Does ...?")
+    return {str(k): " ".join(v.split()) for k, v in raw.items()}
+
+
+def question_of(name: str, description: str, asked: dict[str, str]) -> str:
+    """The sweep's question, else the first sentence of its description (cut to QUESTION_CHARS)."""
+    if name in asked:
+        return asked[name]
+    first = description.split(". ")[0].strip().rstrip(".")
+    return first if len(first) <= QUESTION_CHARS else first[: QUESTION_CHARS - 1].rstrip() + "…"
+
+
+def ci_text(iv: Interval, decimals: int = 2) -> str:
+    """'+0.08 [0.04, 0.13]'; a contrast without spread: '+0.25 (degenerate)'; one seed: the value."""
+    value = f"{iv.value:+.{decimals}f}"
+    if iv.degenerate:
+        return value + " (degenerate)"
+    if math.isnan(iv.lo):
+        return value
+    return f"{value} [{iv.lo:.{decimals}f}, {iv.hi:.{decimals}f}]"
+
+
+def answer(f: dict, margin: float) -> str:
+    """The verdict of one contrast in words."""
+    cell, base, v = f["cell"], f["baseline"], f["verdict"]
+    if f["column"] != DELTA:  # a table without Δ: the gain of RL, final - start
+        return {
+            "better": f"RL improves {cell}",
+            "worse": f"RL makes {cell} worse",
+            "higher": f"RL raises it ({cell})",
+            "lower": f"RL lowers it ({cell})",
+            "equivalent": f"RL leaves {cell} unchanged within ±{margin:g}",
+            "degenerate": f"{cell}: no spread across seeds and tasks; nothing to test",
+        }.get(v, f"cannot tell whether RL changes {cell}")
+    return {
+        "better": f"{cell} is better than {base}",
+        "worse": f"{cell} is worse than {base}",
+        "higher": f"{cell} is higher than {base}",
+        "lower": f"{cell} is lower than {base}",
+        "equivalent": f"{cell} matches {base} within ±{margin:g}",
+        "degenerate": f"{cell} vs {base}: no spread across seeds and tasks; nothing to test",
+    }.get(v, f"cannot tell {cell} from {base}")
+
+
+def rows(name: str, question: str, table, margin: float) -> list[list[str]]:
+    """The findings rows of one sweep (its question on the first row only); none when it has no contrast."""
+    out = []
+    for i, f in enumerate(table.findings):
+        verdict = f"**{f['verdict']}**" if f["verdict"] in ("better", "worse", "higher", "lower") else f["verdict"]
+        what = "Δ" if f["column"] == DELTA else "gain"
+        out.append(
+            [f"[{name}](#{name})", question if i == 0 else "", answer(f, margin), f"{what} {ci_text(f['interval'])}"]
+            + [verdict]
+        )
+    return out
+
+
+def markdown(table_rows: list[list[str]]) -> list[str]:
+    esc = lambda s: s.replace("|", r"\|")  # noqa: E731
+    head = ["| sweep | question | answer | Δ [95% CI] | verdict |", "| :-- | :-- | :-- | --: | :-- |"]
+    return head + ["| " + " | ".join(esc(c) for c in r) + " |" for r in table_rows]
+
+
+def baseline_runs(results: pd.DataFrame) -> frozenset[str]:
+    """The config hashes of the finished points of a sweep's baseline cell: its baseline run."""
+    done = results[results["status"].isin(FINISHED) & results["is_baseline"]]
+    return frozenset(str(h) for h in done["config_hash"].dropna())
+
+
+def shared_baselines(runs: dict[str, frozenset[str]]) -> list[str]:
+    """One sentence per baseline run that several sweeps share (the same config hashes)."""
+    by_run: dict[frozenset[str], list[str]] = {}
+    for name, run in runs.items():
+        if run:
+            by_run.setdefault(run, []).append(name)
+    out = []
+    for run, names in by_run.items():
+        if len(names) > 1:
+            out.append(
+                f"The sweeps {', '.join(names[:-1])} and {names[-1]} share one {len(run)}-seed baseline run (the "
+                "same configs and seeds, so the same points, reused or reproduced bit for bit at each code "
+                "version): their errors are correlated, and a baseline that landed high or low by chance moves "
+                "every Δ of these sweeps together."
+            )
+    return out
