@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 SPLITS = ("train", "heldout")
 REWARD_DENSITIES = ("sparse", "dense")
@@ -32,6 +32,17 @@ class EnvOptions(BaseModel):
     """Base class of every environment's options; unknown keys are errors, floats must be finite."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def prompt_field():
+    """The `prompt` option (docs/algorithms.md#chat-prompts): the environments that have chat prompts
+    declare it as `prompt: Literal["terse", "chat"] = prompt_field()`."""
+    return Field(
+        "terse",
+        description="'terse': the short instructions the tiny models learn from; 'chat': prompts a pretrained "
+        "chat model can follow (the task, the reply format with a worked example, and a line after every "
+        "observation restating what to reply and the choices; docs/algorithms.md#chat-prompts)",
+    )
 
 
 @dataclass
@@ -198,6 +209,16 @@ def format_action(action: str, action_format: str) -> str:
     return f"<answer>{action}</answer>" if action_format == "answer" else action
 
 
+def one_of(choices: tuple[str, ...] | list[str]) -> str:
+    """'up, down, left or right'."""
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else "".join(choices)
+
+
+def chat_example(*turns: tuple[str, str]) -> str:
+    """A worked example for chat instructions: `user: ...` / `assistant: ...` lines, one pair per turn."""
+    return "Example:\n" + "\n".join(f"user: {user}\nassistant: {reply}" for user, reply in turns)
+
+
 # ----------------------------------------------------------------------------- step mechanics
 class TurnEnv(Env):
     """Shared episode mechanics for environments with a scalar progress score in [0, 1].
@@ -232,6 +253,21 @@ class TurnEnv(Env):
     def admissible(self) -> list[str] | None:
         return None
 
+    @property
+    def chat(self) -> bool:
+        """True when the options ask for chat prompts (docs/algorithms.md#chat-prompts)."""
+        return getattr(self.options, "prompt", "terse") == "chat"
+
+    def reply_cue(self) -> str:
+        """Chat prompts: the line closing every observation, saying what to reply (overridden)."""
+        return ""
+
+    def shown(self, text: str) -> str:
+        """An observation as the agent sees it: with chat prompts, the reply cue on a last line while
+        the episode goes on; unchanged otherwise."""
+        cue = self.reply_cue() if self.chat and not self._done else ""
+        return f"{text}\n{cue}" if cue else text
+
     def info(self, format_error: bool = False) -> dict[str, Any]:
         return {
             "won": self.won(),
@@ -245,7 +281,7 @@ class TurnEnv(Env):
         self._seed = int(seed)
         self._new_task(self._seed)
         self._done = False
-        return self.render(), self.info()
+        return self.shown(self.render()), self.info()
 
     def step(self, text: str) -> StepResult:
         if self._done:
@@ -254,7 +290,10 @@ class TurnEnv(Env):
         if parsed.format_error:
             feedback = f"{INVALID_PREFIX}: {parsed.message}"
             return StepResult(
-                render_turn(self.render(), feedback), -self.format_penalty, False, self.info(format_error=True)
+                self.shown(render_turn(self.render(), feedback)),
+                -self.format_penalty,
+                False,
+                self.info(format_error=True),
             )
         before = self.score()
         feedback = self._apply(parsed.action)
@@ -263,4 +302,4 @@ class TurnEnv(Env):
             reward = round(self.score() - before, 12)  # 0.1 stays 0.1, not 0.0999...
         else:
             reward = 1.0 if self._done and self.won() else 0.0
-        return StepResult(render_turn(self.render(), feedback), reward, self._done, self.info())
+        return StepResult(self.shown(render_turn(self.render(), feedback)), reward, self._done, self.info())

@@ -27,7 +27,16 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 from pydantic import Field
 
-from envs.base import EnvOptions, ParsedAction, TurnEnv, format_action, parse_choice
+from envs.base import (
+    EnvOptions,
+    ParsedAction,
+    TurnEnv,
+    chat_example,
+    format_action,
+    one_of,
+    parse_choice,
+    prompt_field,
+)
 from envs.registry import ENVS
 
 ACTIONS = ("up", "down", "left", "right")
@@ -48,6 +57,7 @@ class FrozenLakeOptions(EnvOptions):
         "it and reaching G is rewarded by any path, the true outcome (G without touching a hole) is "
         "reported apart (info true_won, exploit)",
     )
+    prompt: Literal["terse", "chat"] = prompt_field()
 
 
 @lru_cache(maxsize=4096)
@@ -83,6 +93,8 @@ class FrozenLake(TurnEnv):
 
     @property
     def instructions(self) -> str:
+        if self.chat:
+            return self._chat_instructions()
         text = "FrozenLake. You are P. Reach G, avoid holes O."
         if self.options.slippery:
             text += " Ice is slippery."
@@ -90,6 +102,22 @@ class FrozenLake(TurnEnv):
         if self.options.action_format == "answer":
             text += " Answer as <answer>up</answer>."
         return text
+
+    def _chat_instructions(self) -> str:
+        """docs/algorithms.md#chat-prompts: the symbols, the task, one move per reply, a worked example."""
+        text = (
+            "You play FrozenLake on a grid. P is you, G is the goal, O is a hole, _ is ice. "
+            "Walk to G without falling into a hole O."
+        )
+        if self.options.slippery:
+            text += " The ice is slippery: a move may go sideways."
+        example = chat_example(("P_O_\n____\n_O__\n___G", format_action("down", self.options.action_format)))
+        return f"{text}\n{self.reply_cue()}\n{example}"
+
+    def reply_cue(self) -> str:
+        if self.options.action_format == "answer":
+            return f"Answer as <answer>move</answer>, the move one of: {one_of(ACTIONS)}."
+        return f"Answer with one word: {one_of(ACTIONS)}."
 
     @classmethod
     def task_fingerprint(cls, seed: int, options: FrozenLakeOptions) -> str:

@@ -31,7 +31,17 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from envs.base import EnvOptions, ParsedAction, StepResult, TurnEnv, format_action, parse_choice
+from envs.base import (
+    EnvOptions,
+    ParsedAction,
+    StepResult,
+    TurnEnv,
+    chat_example,
+    format_action,
+    one_of,
+    parse_choice,
+    prompt_field,
+)
 from envs.registry import ENVS
 
 ACTIONS = ("up", "down", "left", "right")
@@ -57,6 +67,7 @@ class SokobanOptions(EnvOptions):
     deadlock_penalty: float = Field(
         0.0, ge=0.0, description="reward subtracted on the step that makes a deadlock (needs deadlock: end)"
     )
+    prompt: Literal["terse", "chat"] = prompt_field()
 
     @model_validator(mode="after")
     def _room_fits(self):
@@ -206,6 +217,8 @@ class Sokoban(TurnEnv):
 
     @property
     def instructions(self) -> str:
+        if self.chat:
+            return self._chat_instructions()
         text = (
             "Sokoban. You are P. Push each box X onto a target O; √ is a box on a target. "
             "# is wall. Actions: up, down, left, right."
@@ -213,6 +226,21 @@ class Sokoban(TurnEnv):
         if self.options.action_format == "answer":
             text += " Answer as <answer>up</answer>."
         return text
+
+    def _chat_instructions(self) -> str:
+        """docs/algorithms.md#chat-prompts: the symbols, the rules, one move per reply, a worked example."""
+        text = (
+            "You play Sokoban on a grid. P is you, X is a box, O is a target, √ is a box on a target, "
+            "S is you on a target, # is a wall, _ is floor. Push every box onto a target: walking into a box "
+            "pushes it one cell; boxes cannot be pulled."
+        )
+        example = chat_example(("######\n#PX_O#\n######", format_action("right", self.options.action_format)))
+        return f"{text}\n{self.reply_cue()}\n{example}"
+
+    def reply_cue(self) -> str:
+        if self.options.action_format == "answer":
+            return f"Answer as <answer>move</answer>, the move one of: {one_of(ACTIONS)}."
+        return f"Answer with one word: {one_of(ACTIONS)}."
 
     @classmethod
     def task_fingerprint(cls, seed: int, options: SokobanOptions) -> str:

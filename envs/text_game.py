@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from envs.base import EnvOptions, ParsedAction, TurnEnv, unwrap_answer
+from envs.base import EnvOptions, ParsedAction, TurnEnv, chat_example, prompt_field, unwrap_answer
 
 ACTIONS_HEADER = "Available actions:"
 GOAL_HEADER = "Goal:"
@@ -45,6 +45,7 @@ class TextGameOptions(EnvOptions):
         "(lowercase, whitespace-normalised); 'choice': the commands are "
         "numbered in the observation and the action is a number",
     )
+    prompt: Literal["terse", "chat"] = prompt_field()
 
 
 @dataclass
@@ -115,10 +116,31 @@ class TextGameEnv(TurnEnv):
     # -- TurnEnv hooks
     @property
     def instructions(self) -> str:
+        if self.chat:
+            return self._chat_instructions()
         text = f"You are playing {self.game_name}. Reach the goal. Each turn, reply with one of the available actions"
         if self.options.action_format == "choice":
             return text + ": write only its number."
         return text + ", written exactly as listed."
+
+    def _chat_instructions(self) -> str:
+        """docs/algorithms.md#chat-prompts: the task, one available action per reply, a worked example."""
+        commands = ["go north", "take apple", "look"]
+        if self.options.action_format == "choice":
+            shown = "\n".join([ACTIONS_HEADER] + [f"{i}. {c}" for i, c in enumerate(commands, 1)])
+            reply = "2"
+        else:
+            shown, reply = f"{ACTIONS_HEADER} {' | '.join(commands)}", "take apple"
+        example = chat_example((f"{GOAL_HEADER} eat the apple\nThere is an apple here.\n{shown}", reply))
+        return (
+            f"You are playing {self.game_name}. Reach the goal. Each turn you read what happened and the "
+            f"available actions.\n{self.reply_cue()}\n{example}"
+        )
+
+    def reply_cue(self) -> str:
+        if self.options.action_format == "choice":
+            return "Reply with the number of one available action, and nothing else."
+        return "Reply with one available action, copied exactly, and nothing else."
 
     def _new_task(self, seed: int) -> None:
         self.goal, self.view = self._load(seed)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from envs.base import EnvOptions, ParsedAction, TurnEnv
+from envs.base import EnvOptions, ParsedAction, TurnEnv, chat_example, prompt_field
 from envs.registry import ENVS
 
 NAMES = (
@@ -156,6 +156,7 @@ class ToolUseOptions(EnvOptions):
         description="how the expert writes calls: <tool_call>{json}</tool_call> "
         'or get_city("Ann") (both are always accepted)',
     )
+    prompt: Literal["terse", "chat"] = prompt_field()
 
     @model_validator(mode="after")
     def _calls_ordered(self):
@@ -317,7 +318,30 @@ class ToolUse(TurnEnv):
         tools = "\n".join(
             f"{name}({', '.join(p for p, _ in params)}): {desc}" for name, (params, desc) in TOOLS.items()
         )
+        if self.chat:
+            return self._chat_instructions(tools)
         return f"Reach the goal with tool calls, one per turn, then call finish.\nCall: {example}\nTools:\n{tools}"
+
+    def _chat_instructions(self, tools: str) -> str:
+        """docs/algorithms.md#chat-prompts: the task, the tools, one call per reply, a whole worked episode."""
+        fmt = self.options.action_format
+
+        def response(result: object) -> str:
+            return f"<tool_response>{result}</tool_response>"
+
+        example = chat_example(
+            ('Goal: out = get_age("Ann")', call_text("get_age", ("Ann",), fmt)),
+            (response(31), call_text("set_key", ("out", 31), fmt)),
+            (response("ok"), call_text("finish", (), fmt)),
+        )
+        return (
+            "You reach a goal by calling tools, one call per turn. Each result comes back as "
+            "<tool_response>result</tool_response>. Store the goal's value with set_key, then call finish.\n"
+            f"{self.reply_cue()}\nTools:\n{tools}\n{example}"
+        )
+
+    def reply_cue(self) -> str:
+        return "Reply with one tool call, written as in the example, and nothing else."
 
     def _new_task(self, seed: int) -> None:
         self.task = make_task(seed, self.options)

@@ -217,6 +217,11 @@ def vllm_backend_problem(cfg: RunConfig) -> str | None:
             "has no per-token admissible-action constraint here; set rollout.constrain: false or rollout.backend: hf",
         ),
         (
+            r.stop != "eot",
+            f"{head} with rollout.stop = {r.stop!r}: the line stop is our sampler's (vLLM would cut the "
+            "newline token out of the sampled ids); set rollout.stop: eot or rollout.backend: hf",
+        ),
+        (
             r.cross_policy.members > 0,
             f"{head} with rollout.cross_policy.members = {r.cross_policy.members}: the "
             "stale pool members are torch copies our sampler runs; set rollout.cross_policy.members: 0 or "

@@ -65,6 +65,14 @@ class RolloutConfig(Strict):
     top_p: float = F(1.0, "Nucleus sampling.", gt=0, le=1)
     max_new_tokens: int = F(16, "Token limit of one action; reaching it counts as overflow.", ge=1, le=MAX_TOKENS)
     constrain: bool = F(False, "Constrain decoding to the admissible actions where the env lists them.")
+    stop: Literal["eot", "line"] = F(
+        "eot",
+        "Where an action ends. eot: at the end-of-turn token (or rollout.max_new_tokens). line: also at the end "
+        "of its first line (the first newline after some text), whichever comes first; the environment is given "
+        "that line, stripped, every sampled token is kept (one that holds the newline whole), and a turn that did "
+        "not end with the end-of-turn token is closed by one in the next observation segment, a template token "
+        "that is not trained (docs/algorithms.md#chat-prompts).",
+    )
     sampler_dtype: Literal["same", "bfloat16", "float32"] = F(
         "same",
         "Dtype of the policy that samples training rollouts. same: the trainer's model itself. bfloat16 / "

@@ -40,7 +40,7 @@ from harness.rl.engines.base import KVEngine, TurnOutput
 from harness.rl.engines.hf import KVBatch
 from harness.rl.sampling import ActionTrie, allowed_mask, draw
 from harness.rl.turns import final_turn_note
-from harness.transcript.chat import ChatFormat
+from harness.transcript.chat import ChatFormat, LineEnds, first_line
 from harness.transcript.context import APPEND_ONLY, build_context, check_prompt_split, shown_observation, system_ids
 from harness.transcript.records import Episode, StepRecord
 
@@ -82,18 +82,25 @@ def generate_turn(
     top_p: float,
     greedy: bool,
     generator: torch.Generator | list[torch.Generator],
+    line_ends: LineEnds | None = None,
 ) -> TurnOutput:
     """Prefill `new_ids` (one segment per row) and sample one action per row.
 
     generator: one stream for the whole batch, or one per row (common random numbers: a row draws
     one number from its own stream per token it generates, so its tokens never depend on the other
-    rows)."""
+    rows). line_ends (`rollout.stop: line`): a row also stops at the token that ends its first line
+    of text, kept whole (docs/algorithms.md#chat-prompts)."""
     logits = kv.prefill(new_ids)  # (B, V)
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     lps, raws = torch.zeros(B, max_new_tokens, device=dev), torch.zeros(B, max_new_tokens, device=dev)
     active = torch.ones(B, dtype=torch.bool, device=dev)
     length = torch.zeros(B, dtype=torch.long, device=dev)
+    ended = torch.zeros(B, dtype=torch.bool, device=dev)  # stopped before max_new_tokens
+    if line_ends is not None and line_ends.vocab != V:
+        raise ValueError(f"line_ends covers {line_ends.vocab} token ids, the model's logits {V}")
+    lines = line_ends.to(dev) if line_ends is not None else None
+    wrote = torch.zeros(B, dtype=torch.bool, device=dev)  # the row has written text (line stop)
     nodes = [t.root if t is not None and t.root else None for t in tries] if tries else None
     constrained = [n is not None for n in nodes] if nodes else [False] * B
     sets: list[list[list[int]]] = [[] for _ in range(B)]
@@ -112,7 +119,12 @@ def generate_turn(
         )
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
         length += active.long()
-        active = active & (d.tokens != eot_id)
+        stop = d.tokens == eot_id
+        if lines is not None:
+            ends, wrote = lines.step(d.tokens, wrote)
+            stop |= ends
+        ended |= active & stop
+        active = active & ~stop
         steps = k + 1
         if nodes:
             nodes = [n[t] if n is not None and t != eot_id else None for n, t in zip(nodes, d.tokens.tolist())]
@@ -125,7 +137,7 @@ def generate_turn(
         ids=[ids[b][: n[b]] for b in range(B)],
         logprobs=[lp[b][: n[b]] for b in range(B)],
         raw_logprobs=[raw[b][: n[b]] if constrained[b] else None for b in range(B)],
-        overflow=[ids[b][n[b] - 1] != eot_id for b in range(B)],
+        overflow=(~ended).tolist(),
         allowed=[sets[b][: n[b]] if constrained[b] else None for b in range(B)],
     )
 
@@ -193,6 +205,7 @@ class _Play:
     actions: list[list[int]]  # sampled action ids
     stream: torch.Generator | None = None  # the episode's own sampling stream (common random numbers)
     system: list[int] = field(default_factory=list)  # the system segment (a mixture's differ per member)
+    close: list[int] = field(default_factory=list)  # the end-of-turn id closing the last action (stop: line)
 
 
 def collect(
@@ -280,6 +293,8 @@ def collect(
                     "top_p": cfg.rollout.top_p,
                     "greedy": greedy,
                 }
+                if cfg.rollout.stop == "line":  # refused with the vLLM engine (config check)
+                    sample["line_ends"] = chat.line_ends(model.config.vocab_size)
                 streams_now = generator if isinstance(generator, torch.Generator) else [p.stream for p in alive]
                 if external is not None:
                     out = external(new_ids, tries, generator=streams_now, **sample)
@@ -300,8 +315,9 @@ def collect(
                         }
                     )
                 texts = [chat.decode_action(ids) for ids in out.ids]
+                sent = [first_line(x) for x in texts] if cfg.rollout.stop == "line" else texts
                 row = {id(p): i for i, p in enumerate(alive)}
-                results = venv.step([texts[row[id(p)]] if id(p) in row else None for p in plays])
+                results = venv.step([sent[row[id(p)]] if id(p) in row else None for p in plays])
                 results = [r for p, r in zip(plays, results) if id(p) in row]  # aligned with alive
                 keep = [
                     i
@@ -352,19 +368,31 @@ def _turn_inputs(
     chat: ChatFormat, cfg: RunConfig, alive: list[_Play], t: int, last: bool, incremental: bool
 ) -> tuple[list, list[list[int]]]:
     """Append turn t's shown observation segment to every live episode; return the contexts to
-    record (None for policy full) and the ids to prefill (new tokens only when incremental)."""
+    record (None for policy full) and the ids to prefill (new tokens only when incremental).
+
+    `rollout.stop: line`: an action that did not end with the end-of-turn token is closed by one, put
+    before the next observation segment as template text (never trained as an action token)."""
     note = final_turn_note(cfg.turns)
     contexts, new_ids = [], []
     for p in alive:
         text = shown_observation(chat, p.obs, cfg.context) + (f"\n{note}" if last and note else "")
         p.segments.append(chat.observation(text))
+        p.close = _closing(chat, cfg, p.actions[-1]) if t > 0 else []
         context = None
         if cfg.context.policy != "full" or not incremental:
-            context = build_context(cfg.context, p.system, p.segments, p.actions)
+            actions = [a + _closing(chat, cfg, a) for a in p.actions]
+            context = build_context(cfg.context, p.system, p.segments, actions)
         contexts.append(None if cfg.context.policy == "full" else context)
         # incremental: the previous action's last token was sampled but never fed
-        new_ids.append((p.actions[-1][-1:] if t > 0 else p.system) + p.segments[-1] if incremental else context)
+        new_ids.append(
+            (p.actions[-1][-1:] + p.close if t > 0 else p.system) + p.segments[-1] if incremental else context
+        )
     return contexts, new_ids
+
+
+def _closing(chat: ChatFormat, cfg: RunConfig, action: list[int]) -> list[int]:
+    """[end-of-turn id] when `rollout.stop: line` and `action` did not end with it, else []."""
+    return [chat.eot_id] if cfg.rollout.stop == "line" and action[-1:] != [chat.eot_id] else []
 
 
 def _record(
@@ -389,7 +417,7 @@ def _record(
     ep.steps.append(
         StepRecord(
             turn=t,
-            obs_ids=(p.system + p.segments[-1]) if t == 0 else p.segments[-1],
+            obs_ids=(p.system + p.segments[-1]) if t == 0 else p.close + p.segments[-1],
             context_ids=context,
             action_ids=out.ids[i],
             sampler_logprobs=out.logprobs[i],

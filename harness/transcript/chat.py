@@ -23,7 +23,9 @@ ChatFormat is made, so a tokenizer whose special tokens strip their neighbours i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -47,6 +49,7 @@ class ChatFormat:
     """Tokenizes segments; holds the end-of-turn id that stops generation."""
 
     tokenizer: object
+    _line_ends: LineEnds | None = field(default=None, init=False, repr=False)  # made by line_ends()
 
     def __post_init__(self) -> None:
         self.eot_id: int = self.tokenizer.convert_tokens_to_ids(IM_END)
@@ -87,3 +90,53 @@ class ChatFormat:
         if ids and ids[-1] == self.eot_id:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def line_ends(self, vocab: int) -> LineEnds:
+        """The newline tables of this tokenizer over `vocab` ids (made once; `rollout.stop: line`)."""
+        if self._line_ends is None or self._line_ends.vocab != vocab:
+            self._line_ends = LineEnds.of(self.tokenizer, vocab)
+        return self._line_ends
+
+
+def first_line(text: str) -> str:
+    """The action of a reply under `rollout.stop: line`: its first line with text, stripped ('' if none)."""
+    return next((line.strip() for line in text.split("\n") if line.strip()), "")
+
+
+@dataclass
+class LineEnds:
+    """Per token id, what `rollout.stop: line` needs to know of its text (docs/algorithms.md#chat-prompts).
+
+    newline: the token holds a newline; closes: some newline in it follows text in the same token (a
+    BPE token such as `)\\n`); text: it holds a character other than whitespace. A row that has written
+    text stops at the first token holding a newline, and a row that has not stops at a token that
+    `closes`; either way the whole token is kept, whatever follows the newline inside it. Ids past the
+    tokenizer's vocabulary (padded embedding rows) decode to nothing: all False."""
+
+    vocab: int
+    newline: torch.Tensor  # (V,) bool
+    closes: torch.Tensor  # (V,) bool
+    text: torch.Tensor  # (V,) bool
+
+    @classmethod
+    def of(cls, tokenizer, vocab: int) -> LineEnds:
+        pieces = tokenizer.batch_decode([[i] for i in range(min(vocab, len(tokenizer)))], skip_special_tokens=False)
+        pieces += [""] * (vocab - len(pieces))
+
+        def table(flags) -> torch.Tensor:
+            return torch.tensor(list(flags), dtype=torch.bool)
+
+        return cls(
+            vocab,
+            newline=table("\n" in x for x in pieces),
+            closes=table(any(line.strip() for line in x.split("\n")[:-1]) for x in pieces),
+            text=table(bool(x.strip()) for x in pieces),
+        )
+
+    def step(self, tokens: torch.Tensor, wrote: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stop, wrote after) for `tokens` (B,) drawn by rows that had written text (`wrote`, (B,) bool)."""
+        stop = self.newline[tokens] & (wrote | self.closes[tokens])
+        return stop, wrote | self.text[tokens]
+
+    def to(self, device) -> LineEnds:
+        return LineEnds(self.vocab, self.newline.to(device), self.closes.to(device), self.text.to(device))
