@@ -1,39 +1,16 @@
-"""The packaged SmolLM2-135M-Instruct for tests that need a real BPE tokenizer with a chat template, or the
-real model: found where `harness models fetch smollm2-135m-instruct` put it ($HARNESS_CACHE, else the default
-results/.cache of this checkout); a test that needs it is skipped, saying that command, when it is absent.
+"""Builders for tests that run the real SmolLM2 tokenizer through the sampler without its weights.
 
-`small_llama(vocab)` is a randomly initialised Llama with the real vocabulary (GQA, two layers): the
-sampler's tests run the real tokenizer through a real transformers model in milliseconds per token."""
+The folder comes from the `smollm2` fixture of tests.helpers.real_model (fetched once per machine);
+`tokenizer(folder)` loads its tokenizer once per session. `small_llama(vocab)` is a randomly initialised
+Llama with the real vocabulary (GQA, two layers): the sampler's tests run the real tokenizer through a
+real transformers model in milliseconds per token."""
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
 import torch
-
-NAME = "smollm2-135m-instruct"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def folder() -> Path | None:
-    """The converted model folder, or None when it has not been fetched."""
-    from harness.model.packaged import fetched_path
-
-    for cache in (os.environ.get("HARNESS_CACHE"), REPO_ROOT / "results" / ".cache"):
-        found = fetched_path(NAME, Path(cache)) if cache else None
-        if found is not None:
-            return found
-    return None
-
-
-def require_folder() -> Path:
-    found = folder()
-    if found is None:
-        pytest.skip(f"{NAME} is not fetched: run `harness models fetch {NAME}`")
-    return found
 
 
 @lru_cache(maxsize=1)
@@ -43,9 +20,9 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def tokenizer():
-    """The real tokenizer (loaded once per session; no weights)."""
-    return _tokenizer(str(require_folder()))
+def tokenizer(folder: Path):
+    """The real tokenizer of the model in `folder` (loaded once per session; no weights)."""
+    return _tokenizer(str(folder))
 
 
 def small_llama(vocab: int, seed: int = 0, bias: torch.Tensor | None = None):

@@ -15,8 +15,9 @@ from harness.rl.engines.hf import KVBatch
 from harness.rl.rollout import collect, generate_turn
 from harness.rl.sampling import ActionTrie
 from harness.transcript.chat import ChatFormat
-from tests.helpers import smollm2
+from tests.helpers.real_model import smollm2_fixture  # noqa: F401 - the `smollm2` fixture
 from tests.helpers.rollout import make_cfg
+from tests.helpers.smollm2 import small_llama, tokenizer
 
 COMMANDS = [  # ALFWorld / TextWorld commands; "go to cabinet 1" is a prefix of "go to cabinet 10"
     "go to cabinet 1",
@@ -34,13 +35,13 @@ T = 1.0
 
 
 @pytest.fixture(scope="module")
-def chat():
-    return ChatFormat(smollm2.tokenizer())
+def chat(smollm2):
+    return ChatFormat(tokenizer(smollm2))
 
 
 @pytest.fixture(scope="module")
 def model(chat):
-    return smollm2.small_llama(len(chat.tokenizer), seed=1)
+    return small_llama(len(chat.tokenizer), seed=1)
 
 
 def _logprobs(model, ids: list[int]) -> torch.Tensor:

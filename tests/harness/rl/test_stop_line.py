@@ -12,15 +12,16 @@ from envs.vector import VectorEnv
 from harness.rl.batch import build_batch
 from harness.rl.rollout import collect
 from harness.transcript.chat import ChatFormat, first_line
-from tests.helpers import smollm2
+from tests.helpers.real_model import smollm2_fixture  # noqa: F401 - the `smollm2` fixture
 from tests.helpers.rollout import make_cfg
+from tests.helpers.smollm2 import small_llama, tokenizer
 
 TASKS = [(s, s // 2) for s in range(6)]
 
 
 @pytest.fixture(scope="module")
-def chat():
-    return ChatFormat(smollm2.tokenizer())
+def chat(smollm2):
+    return ChatFormat(tokenizer(smollm2))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def model(chat):
     bias[newlines] = 7.0
     bias[[tok.encode(a)[0] for a in ACTIONS]] = 11.0
     bias[chat.eot_id] = 11.0
-    return smollm2.small_llama(len(tok), bias=bias)
+    return small_llama(len(tok), bias=bias)
 
 
 def _play(model, chat, policy="full", reuse_cache=True, stop="line"):

@@ -8,7 +8,8 @@ import torch
 
 from harness.model.tokenizer import train_tokenizer
 from harness.transcript.chat import ChatFormat, LineEnds, first_line
-from tests.helpers import smollm2
+from tests.helpers.real_model import smollm2_fixture  # noqa: F401 - the `smollm2` fixture
+from tests.helpers.smollm2 import tokenizer
 
 
 def _stop_at(le: LineEnds, ids: list[int]) -> int | None:
@@ -26,16 +27,22 @@ def _reference(tok, ids: list[int]) -> int | None:
     return next((k for k in range(len(ids)) if "\n" in tok.decode(ids[: k + 1]).lstrip()), None)
 
 
+@pytest.fixture(scope="module")
+def real(smollm2):
+    """(the real tokenizer, its line-end tables)."""
+    tok = tokenizer(smollm2)
+    return tok, ChatFormat(tok).line_ends(len(tok))
+
+
 @pytest.mark.parametrize("text", ["left\nright", "\n\n  left\n", "go to cabinet 1\n\nx", 'get_city("Ann")\nfoo', "up"])
-def test_real_tokenizer_stops_where_the_first_line_of_text_ends(text):
-    tok = smollm2.tokenizer()
-    le = ChatFormat(tok).line_ends(len(tok))
+def test_real_tokenizer_stops_where_the_first_line_of_text_ends(real, text):
+    tok, le = real
     ids = tok.encode(text)
     assert _stop_at(le, ids) == _reference(tok, ids)
 
 
-def test_real_tokenizer_tables_match_each_tokens_text():
-    tok = smollm2.tokenizer()
+def test_real_tokenizer_tables_match_each_tokens_text(smollm2):
+    tok = tokenizer(smollm2)
     le = LineEnds.of(tok, len(tok) + 64)  # a padded embedding: the extra ids are nothing
     pieces = tok.batch_decode([[i] for i in range(len(tok))])
     assert le.newline[: len(tok)].tolist() == ["\n" in p for p in pieces]
