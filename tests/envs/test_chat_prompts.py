@@ -98,3 +98,22 @@ def test_textworld_chat_prompt(tmp_path, action_format):
     for reply in _example_replies(env.instructions):
         assert reply.isdigit() if action_format == "choice" else reply in env.instructions
     assert "Available actions:" in obs and obs.index("Available actions:") < obs.index(cue)
+
+
+# generates one ALFWorld household game in a temporary folder (PDDL planning, a few seconds)
+def test_alfworld_chat_prompt(tmp_path):
+    pytest.importorskip("alfworld")
+    pytest.importorskip("fast_downward")
+    options = {
+        "prompt": "chat",
+        "cache_dir": str(tmp_path),
+        "source": "generated",
+        "expert": "search",
+        "task_types": ["pick_and_place_simple"],
+        "max_receptacles": 6,
+        "goal_every_turn": True,
+    }
+    env, observations, steps = _play("alfworld", options, seed=1)
+    cue = env.reply_cue()
+    assert all(o.endswith("\n" + cue) for o in observations[:-1]) and cue in env.instructions
+    assert steps[-1][2]  # the expert wins with the chat prompt too
