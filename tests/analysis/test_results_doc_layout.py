@@ -1,0 +1,72 @@
+"""docs/results.md as a reader meets it: the findings table first (sweep | question | answer | Δ [CI] |
+verdict), then the contents, the limits and the legend, stated once; short captions under it;
+the sentence on sweeps that share a baseline run; no path of the machine that built it."""
+
+from __future__ import annotations
+
+import re
+
+from synthetic_tasks import make_task_sweep
+
+from analysis.results_doc import write_results_doc
+
+
+def _page(tmp_path, shared: bool = True) -> str:
+    root, sweeps, notes = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs" / "results_notes"
+    make_task_sweep(root / "filters")
+    if shared:  # a second sweep whose baseline points are the same runs (same config hashes)
+        make_task_sweep(root / "filters_again")
+    sweeps.mkdir()
+    (sweeps / "filters.yaml").write_text("name: filters\ndescription: Dynamic filtering. DAPO against none.\n")
+    (sweeps / "filters_again.yaml").write_text("name: filters_again\ndescription: The same again.\n")
+    notes.mkdir(parents=True)
+    (notes / "_limits.md").write_text("Actions of 1-2 tokens; about 6 steps; 30 updates; no collapse.\n")
+    (notes / "_intro.md").write_text("Run on 2 CPU cores.\n")
+    (notes / "_questions.yaml").write_text("filters: Does dynamic filtering help?\n")
+    out = write_results_doc(root, tmp_path / "docs" / "results.md", sweeps)
+    return out.read_text(encoding="utf-8")
+
+
+def test_the_page_opens_with_the_findings_then_the_contents_then_the_limits(tmp_path):
+    text = _page(tmp_path)
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings[:5] == [
+        "Findings",
+        "Contents",
+        "Limits of the tiny-model regime",
+        "Setup",
+        "How to read the tables",
+    ]
+    findings = text.split("## Findings")[1].split("## Contents")[0]
+    assert "| sweep | question | answer | Δ [95% CI] | verdict |" in findings
+    rows = [line for line in findings.splitlines() if line.startswith("| [filters](#filters)")]
+    assert rows[0].startswith(
+        "| [filters](#filters) | Does dynamic filtering help? | cannot tell ragen_top_p from none |"
+    )
+    assert rows[0].endswith("| undetermined |") and "Δ +0.25 [" in rows[0]
+    assert rows[1].startswith("| [filters](#filters) |  | cannot tell dapo from none |")  # the question once
+    again = next(line for line in findings.splitlines() if line.startswith("| [filters_again]"))
+    assert "| The same again |" in again  # no question listed: the description's first sentence
+    contents = text.split("## Contents")[1].split("\n## ")[0]
+    assert "- [filters](#filters)" in contents and "- [Limits of the tiny-model regime](#limits" in contents
+    assert "Actions of 1-2 tokens" in text.split("## Limits of the tiny-model regime")[1].split("\n## ")[0]
+
+
+def test_the_legend_is_stated_once_and_the_captions_are_short(tmp_path):
+    text = _page(tmp_path)
+    legend = "95% t interval from the two-way model of seeds and tasks"
+    assert text.count(legend) == 1 and legend in text.split("## How to read the tables")[1].split("\n## ")[0]
+    assert text.count("Holm's correction") == 1
+    assert text.count("collapse (update): mean update at which the collapse detector fired") == 1
+    captions = [line for line in text.splitlines() if line.startswith("Table: ")]
+    assert len(captions) == 2 and all(len(c) < 300 for c in captions)
+    assert "| filter.name | seeds | start | final | gain | Δ vs baseline | verdict |" in text
+
+
+def test_sweeps_that_share_a_baseline_run_are_named_and_no_build_path_is_printed(tmp_path):
+    text = _page(tmp_path)
+    findings = text.split("## Contents")[0]
+    assert "The sweeps filters and filters_again share one 3-seed baseline run" in findings
+    assert "their errors are correlated" in findings
+    assert str(tmp_path) not in text and "/tmp/" not in text
+    assert "share one" not in _page(tmp_path / "alone", shared=False)
