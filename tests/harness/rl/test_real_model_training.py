@@ -7,6 +7,7 @@ its point evaluated by `harness eval`."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -50,7 +51,8 @@ def point(smollm2, tmp_path_factory):
     """The finished run: its folder, summary, the weights before and after the update, and the trained
     policy's greedy reply to PROMPT."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("HARNESS_CACHE", str(tmp_path_factory.mktemp("cache")))
+    cache = tmp_path_factory.mktemp("cache")  # the SFT warm-up writes a 538 MB model here
+    mp.setenv("HARNESS_CACHE", str(cache))
     in_run_cache(smollm2)  # `harness models fetch` into this run's cache, without converting again
     cfg = RunConfig.model_validate(RAW)
     folder = tmp_path_factory.mktemp("results") / "s" / "p"
@@ -72,6 +74,7 @@ def point(smollm2, tmp_path_factory):
     (folder / "config.yaml").write_text(dump_config(cfg))
     yield SimpleNamespace(folder=folder, summary=summary, before=before, after=after, prompt=prompt, reply=reply)
     mp.undo()
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def test_the_run_starts_from_the_packaged_model_and_its_sft_warmup(point, smollm2):
