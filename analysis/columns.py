@@ -205,10 +205,15 @@ def power(block: Block) -> tuple[Design | None, str]:
 
 def add_verdicts(block: Block, margin: float, higher_is_better: bool | None) -> None:
     """The verdict of every contrast of the table, Holm-corrected together: every cell's Δ (the
-    baselines have none), or every cell's gain in a table without Δ (docs/algorithms.md#statistics)."""
-    tested = DELTA if DELTA in block.columns else GAIN if GAIN in block.columns else ""
-    cells = [c for c, e in block.est.items() if e.get(tested) is not None and e[tested].n > 0]
-    if not tested or not cells:
+    baselines have none), or every cell's gain in a table without a Δ to test, e.g. a one-cell sweep
+    (docs/algorithms.md#statistics)."""
+
+    def tested_cells(col: str) -> list[str]:
+        return [c for c, e in block.est.items() if col in block.columns and e.get(col) is not None and e[col].n > 0]
+
+    tested = DELTA if tested_cells(DELTA) else GAIN  # a table of baselines only (one cell): its gains
+    cells = tested_cells(tested)
+    if not cells:
         return
     rows = verdicts([block.est[c][tested] for c in cells], margin, higher_is_better)
     block.verdicts = dict(zip(cells, rows))

@@ -190,3 +190,16 @@ def test_the_config_column_leads_with_the_keys_that_tell_the_groups_apart(tmp_pa
     t = table_for(root)
     groups = {keys[-1] for keys, _, _ in t.rows} - {"sweep"}
     assert groups == {"train.updates=2, algo.lr=2e-05 (+1 keys)", "train.updates=6, algo.lr=2e-05 (+1 keys)"}
+
+
+def test_a_one_cell_sweep_gets_the_verdict_of_its_gain(tmp_path):
+    from synthetic_figures import make_sweep
+
+    root = make_sweep(
+        tmp_path / "learn", "learn", [("grpo", {"algo.x": "grpo"}, 0.1, 0.05)], ["algo.x"], {"algo.x": "grpo"}
+    )
+    t = table_for(root)
+    assert t.metric_header[:4] == ["start", "final", "gain", "verdict"]
+    (finding,) = t.findings
+    assert finding["column"] == "gain" and finding["verdict"] in ("better", "undetermined")
+    assert finding["interval"].lo == pytest.approx(float(csv(root).loc["grpo", "gain:lo"]))
