@@ -34,6 +34,7 @@ from harness.store import (
     CONFIG,
     CORRUPT,
     METRICS,
+    OPTUNA_DB,
     POINT_FILES,
     SUMMARY,
     SWEEP_MANIFEST,
@@ -172,7 +173,13 @@ def read_sweep_meta(root: Path, configs: dict[str, dict[str, Any]]) -> SweepMeta
             str(raw.get("name") or root.name), axes, baseline, seeds, points, SWEEP_MANIFEST, problems, raw
         )
     else:
-        if raw is None and not problems:
+        if raw is None and not problems and (root / OPTUNA_DB).exists():
+            problems.append(
+                f"an Optuna study without {SWEEP_MANIFEST}: the baseline is the first point by name, "
+                f"{dirs[0] if dirs else '(none)'}; `harness tune FILE --show` writes "
+                f"{SWEEP_MANIFEST} with the best trial as the baseline"
+            )
+        elif raw is None and not problems:
             problems.append(f"no {SWEEP_MANIFEST}: axes inferred from the configs, baseline = first point")
         points = [{"id": d, "label": None, "overrides": {}} for d in dirs]
         axes = _infer_axes(configs)

@@ -270,6 +270,10 @@ def _point_logger(point: Point, sweep: str, opts: RunOptions, run_dir: Path, **e
     }
     uri = opts.mlflow_uri if point.config.tracking.mlflow else None
     logger = RunLogger(run_dir, experiment=sweep, run_name=point.id, mlflow_uri=uri, tags=tags)
+    if logger.mlflow is not None and opts.tags:
+        # a resumed MLflow run keeps the tags of its first attempt: a trial that resumes another
+        # trial's point (harness tune) must be tagged with its own number, as --show lists it
+        logger.mlflow.set_tags(opts.tags)
     logger.log_params(flatten(point.config.model_dump(mode="json")))
     return logger
 

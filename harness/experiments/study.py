@@ -7,7 +7,8 @@
       algo.lr: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}
       rollout.group_size: {type: categorical, choices: [2, 4]}
       algo.epochs: {type: int, low: 1, high: 3, step: 1}
-    objective: {metric: eval_greedy/success, direction: maximize, at: final}   # at: final | best
+    objective: gain                     # a name (OBJECTIVES) or {metric, direction, at}
+    unmoved: reject                     # mark (default) | reject: trials whose policy did not move
     sampler: {name: tpe, seed: 0}       # tpe | random; other keys go to the Optuna sampler
     pruner: {name: median, n_startup_trials: 2}   # median | successive_halving | none
     n_trials: 8                         # finished (complete + pruned) trials the study aims at
@@ -16,10 +17,22 @@
 A trial is one point per seed (results/<name>/<point id>/, the layout of `harness sweep`), whose
 id is a slug of the sampled values, the seed and the config hash: a trial that samples a config
 run before reuses that point. The objective is `metric` in the point's metrics.jsonl at its last
-evaluation (`final`) or its best one after update 0 (`best`), averaged over seeds. Pruners see the
-metric at every evaluation, at step = update (+ (updates + 1) x the seed's index, so a step means
-the same thing in every trial). The space is checked before anything runs: each bound and choice
-goes through the normal config loader, so an unknown key or an invalid value is a ConfigError.
+evaluation (`at: final`), its best one after update 0 (`best`), or the last minus the update-0
+evaluation (`gain`: what training changed on the held-out tasks), averaged over seeds. Pruners see
+the metric (for `gain`, minus its update-0 value) at every evaluation, at step = update
+(+ (updates + 1) x the seed's index, so a step means the same thing in every trial).
+
+A point whose policy did not move (`movement`): with common random numbers an unchanged policy
+repeats its held-out evaluation exactly, so a point did not move when it has an evaluation after
+update 0, every evaluation after update 0 equals update 0's on each of MOVEMENT_METRICS and the
+objective's metric, and its KL to the reference (`diag/kl_k3`, the mean k3 estimate over action
+tokens at the start of each update) never exceeds `unmoved_kl` (a trainer that logs no KL is
+judged by its evaluations alone). A trial did not move when none of its points did. With
+`unmoved: mark` (the default) it stays complete and --show flags it (and warns when it is the best);
+with `unmoved: reject` it ends `pruned` ("did not move"), so it can never be the best trial.
+
+The space is checked before anything runs: each bound and choice goes through the normal config
+loader, so an unknown key or an invalid value is a ConfigError. A sweep file given here is told so.
 """
 
 from __future__ import annotations
@@ -70,7 +83,43 @@ class ObjectiveSpec(BaseModel):
 
     metric: str = Field("eval_greedy/success", description="A metrics.jsonl key of the held-out evaluation.")
     direction: Literal["maximize", "minimize"] = Field("maximize", description="Optimisation direction.")
-    at: Literal["final", "best"] = Field("final", description="Last evaluation, or the best after update 0.")
+    at: Literal["final", "best", "gain"] = Field(
+        "final", description="Last evaluation, the best after update 0, or last minus update 0 (gain)."
+    )
+
+    def text(self) -> str:
+        """How --show names it, e.g. 'gain of eval_sampled/success (last - update 0)'."""
+        if self.at == "gain":
+            return f"gain of {self.metric} (last - update 0)"
+        return f"{self.metric} ({self.at})"
+
+
+# Named objectives (`objective: gain`). Sampled success is the policy RL trains (greedy decoding of
+# the tiny model starts high and moves little), and a gain rewards what training changed, not
+# where the base model already was.
+OBJECTIVES: dict[str, dict[str, str]] = {
+    "gain": {"metric": "eval_sampled/success", "at": "gain"},
+    "sampled_gain": {"metric": "eval_sampled/success", "at": "gain"},
+    "greedy_gain": {"metric": "eval_greedy/success", "at": "gain"},
+    "sampled_final": {"metric": "eval_sampled/success", "at": "final"},
+    "greedy_final": {"metric": "eval_greedy/success", "at": "final"},
+    "sampled_best": {"metric": "eval_sampled/success", "at": "best"},
+    "greedy_best": {"metric": "eval_greedy/success", "at": "best"},
+}
+
+
+def named_objective(value: Any) -> Any:
+    """`objective: NAME` -> its mapping (direction maximize); a mapping is returned as it is."""
+    if not isinstance(value, str):
+        return value
+    if value in OBJECTIVES:
+        return {**OBJECTIVES[value], "direction": "maximize"}
+    near = difflib.get_close_matches(value, list(OBJECTIVES), n=1, cutoff=0.5)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise ValueError(
+        f"objective = {show_value(value)} is not an objective name.{hint} Choose one of: "
+        f"{', '.join(OBJECTIVES)}; or write a mapping {{metric, direction, at: final | best | gain}}"
+    )
 
 
 class NamedSpec(BaseModel):
@@ -92,7 +141,17 @@ class StudySpec(BaseModel):
     base: dict[str, Any] | str = Field(default_factory=dict, description="Base config: inline or a relative path.")
     overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted keys set on the base for every trial.")
     space: dict[str, ParamSpec] = Field(min_length=1, description="Dotted config key -> distribution.")
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="What to optimise.")
+    objective: ObjectiveSpec = Field(
+        default_factory=ObjectiveSpec, description="What to optimise: a name (OBJECTIVES) or {metric, direction, at}."
+    )
+    unmoved: Literal["mark", "reject"] = Field(
+        "mark",
+        description="A trial whose policy did not move (module doc): mark (it stays complete; --show flags it "
+        "and warns when it is the best) or reject (it ends pruned, so it cannot be the best trial).",
+    )
+    unmoved_kl: float = Field(
+        1.0e-3, ge=0.0, le=1.0, description="KL to the reference (diag/kl_k3) at or below which a point did not move."
+    )
     sampler: NamedSpec = Field(default_factory=lambda: NamedSpec(name="tpe", seed=0), description="tpe | random.")
     pruner: NamedSpec = Field(
         default_factory=lambda: NamedSpec(name="median"), description="median | successive_halving | none."
@@ -107,6 +166,7 @@ class StudySpec(BaseModel):
     )
 
     _base_kind = field_validator("base", mode="before")(check_base_kind)
+    _objective_name = field_validator("objective", mode="before")(named_objective)
 
     @field_validator("sampler", "pruner", mode="before")
     @classmethod
@@ -177,6 +237,11 @@ def load_study(path: str | Path) -> TuneStudy:
         raise ConfigError(
             f"{path}: a study file is a mapping with keys {', '.join(StudySpec.model_fields)}; got {kind_of(raw)}"
         )
+    if "space" not in raw and (own := [k for k in SWEEP_ONLY_KEYS if k in raw]):
+        raise ConfigError(
+            f"{path}: this is a sweep file (it has {', '.join(own)} and no `space`); run it with "
+            f"`harness sweep {path}`. A study file for `harness tune` has a `space` and an `objective`."
+        )
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
@@ -189,6 +254,10 @@ def load_study(path: str | Path) -> TuneStudy:
     make_sampler(study)
     make_pruner(study)
     return study
+
+
+# top-level keys of a sweep file (harness.experiments.sweep.SweepSpec) that no study file has
+SWEEP_ONLY_KEYS = ("grid", "zip", "points", "baseline", "metric", "tables", "equivalence_margin")
 
 
 def objective_metrics() -> list[str]:
@@ -281,13 +350,22 @@ def suggest(trial: Any, space: dict[str, ParamSpec]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- objective values
+MOVEMENT_METRICS = ("eval_greedy/success", "eval_sampled/success")
+KL_METRIC = "diag/kl_k3"
+
+
+def metric_series(rows: list[dict], metric: str) -> list[tuple[int, float]]:
+    """(update, value) of every row that holds a finite number for `metric`, in file order."""
+    return [
+        (int(r.get("update", 0)), float(r[metric]))
+        for r in rows
+        if isinstance(r.get(metric), (int, float)) and not math.isnan(float(r[metric]))
+    ]
+
+
 def objective_value(rows: list[dict], spec: ObjectiveSpec, where: str) -> float:
     """The objective from one point's metrics.jsonl rows (see the module doc)."""
-    evals = [
-        (r.get("update", 0), float(r[spec.metric]))
-        for r in rows
-        if isinstance(r.get(spec.metric), (int, float)) and not math.isnan(float(r[spec.metric]))
-    ]
+    evals = metric_series(rows, spec.metric)
     if not evals:
         known = sorted({k for r in rows for k in r if k.startswith("eval_")}) or sorted({k for r in rows for k in r})
         raise ConfigError(
@@ -295,5 +373,48 @@ def objective_value(rows: list[dict], spec: ObjectiveSpec, where: str) -> float:
         )
     if spec.at == "final":
         return evals[-1][1]
+    if spec.at == "gain":
+        return evals[-1][1] - start_value(evals, spec.metric, where)
     trained = [v for u, v in evals if u > 0] or [v for _, v in evals]
     return max(trained) if spec.direction == "maximize" else min(trained)
+
+
+def start_value(evals: list[tuple[int, float]], metric: str, where: str) -> float:
+    """The update-0 evaluation of `metric` (a gain needs it)."""
+    start = [v for u, v in evals if u == 0]
+    if not start:
+        raise ConfigError(
+            f"objective at: gain needs the update-0 evaluation of {metric!r}, and {where}/metrics.jsonl has none."
+        )
+    return start[0]
+
+
+@dataclass(frozen=True)
+class Movement:
+    """Whether one point's policy moved (module doc): its evidence and the verdict."""
+
+    evaluations: int  # evaluations after update 0
+    changed: bool  # some evaluation after update 0 differs from update 0's
+    kl_max: float | None  # the largest diag/kl_k3 over the updates (None: not logged)
+    kl_limit: float
+
+    @property
+    def moved(self) -> bool | None:
+        """False: did not move; True: moved; None: cannot tell (no evaluation after update 0)."""
+        if self.evaluations == 0:
+            return None
+        return self.changed or (self.kl_max is not None and self.kl_max > self.kl_limit)
+
+
+def movement(rows: list[dict], objective_metric: str, kl_limit: float) -> Movement:
+    """The evidence of one point's metrics.jsonl rows (module doc)."""
+    evaluations, changed = 0, False
+    for metric in dict.fromkeys((*MOVEMENT_METRICS, objective_metric)):
+        evals = metric_series(rows, metric)
+        start = [v for u, v in evals if u == 0]
+        later = [v for u, v in evals if u > 0]
+        if start and later:
+            evaluations = max(evaluations, len(later))
+            changed = changed or any(v != start[0] for v in later)
+    kl = [v for _, v in metric_series(rows, KL_METRIC)]
+    return Movement(evaluations, changed, max(kl) if kl else None, kl_limit)

@@ -308,11 +308,21 @@ def point_id(variant: str, seed: int, chash: str) -> str:
 
 
 # ----------------------------------------------------------------------------- expansion
+# top-level keys of a study file (harness.experiments.study.StudySpec) that no sweep file has
+STUDY_KEYS = ("space", "objective", "unmoved", "sampler", "pruner", "n_trials", "overrides", "heartbeat_s")
+
+
 def _read_spec(path: Path) -> SweepSpec:
     raw = read_yaml(path, what="sweep")
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{path}: a sweep file is a mapping with keys {', '.join(SweepSpec.model_fields)}; got {kind_of(raw)}"
+        )
+    study_keys = [k for k in STUDY_KEYS if k in raw]
+    if study_keys and not any(k in raw for k in ("grid", "zip", "points")):
+        raise ConfigError(
+            f"{path}: this is a study file (it has {', '.join(study_keys)}); run it with `harness tune {path}`. "
+            f"A sweep file for `harness sweep` lists its points under grid, zip or points."
         )
     try:
         return SweepSpec.model_validate(raw)

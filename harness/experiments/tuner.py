@@ -10,7 +10,13 @@ so the next run starts with it and its points resume from their checkpoints. A w
 outright leaves its trial `running`; once its heartbeat is older than 2 x `heartbeat_s` any worker
 marks it failed and queues it again (Optuna's RetryHeartbeatStaleTrialCallback, 3 times at most).
 Completed and pruned trials are never run again. A failed point fails its trial and the study goes
-on; three failed trials in a row stop the worker.
+on; three failed trials in a row stop the worker. A study that already holds its target says so.
+
+Trial numbers: every point's MLflow run is tagged with the study and the number of the trial that
+ran it last (a trial that resumes an interrupted one's point re-tags its run, and adds
+`resumes_trial`), the number --show lists. Each finished trial records whether its policy moved
+(harness.experiments.study, `movement`); with `unmoved: reject` one that did not is pruned. After
+every trial the study folder's sweep.json is rewritten (harness.experiments.study_report).
 """
 
 from __future__ import annotations
@@ -32,7 +38,23 @@ from harness.config.errors import ConfigError, UnavailableError
 from harness.experiments.point import RunOptions, point_dir, read_status, run_point
 from harness.experiments.redact import mask_credentials
 from harness.experiments.samplers import make_pruner, make_sampler
-from harness.experiments.study import TuneStudy, objective_value, suggest
+from harness.experiments.study import (
+    Movement,
+    TuneStudy,
+    metric_series,
+    movement,
+    objective_value,
+    start_value,
+    suggest,
+)
+from harness.experiments.study_report import (  # noqa: F401 - describe and trial_lines: the --show API
+    UNMOVED,
+    counts,
+    describe,
+    show_value,
+    trial_lines,
+    write_manifest,
+)
 from harness.experiments.sweep import Point
 from harness.experiments.tracking import ensure_experiment
 from harness.store import CACHE, METRICS, OPTUNA_DB, read_jsonl
@@ -152,25 +174,56 @@ class Tuner:
         frozen = _trial(self.ostudy, trial.number)
         resumes = trial.user_attrs.get("resumes", frozen.system_attrs.get("failed_trial") if frozen else None)
         again = f" (again, for trial {resumes})" if resumes is not None else ""
-        self.opts.say(f"trial {trial.number}{again}: " + " ".join(f"{k}={_show(v)}" for k, v in overrides.items()))
-        values = [self._point_value(trial, p, i) for i, p in enumerate(points)]
+        self.opts.say(f"trial {trial.number}{again}: " + " ".join(f"{k}={show_value(v)}" for k, v in overrides.items()))
+        tags = {"study": self.study.name, "trial": str(trial.number)}
+        if resumes is not None:
+            tags["resumes_trial"] = str(resumes)
+        done = [self._point_value(trial, p, i, tags) for i, p in enumerate(points)]
+        values = [v for v, _ in done]
         trial.set_user_attr("values", values)
+        self._judge_movement(trial, [m for _, m in done], statistics.fmean(values))
         self.outcome = "complete"
         return statistics.fmean(values)
 
-    def _progress(self, trial: optuna.Trial, step0: int) -> Callable[[dict], None]:
-        metric = self.study.spec.objective.metric
+    def _judge_movement(self, trial: optuna.Trial, moves: list[Movement], value: float) -> None:
+        """Record whether the trial's policy moved (harness.experiments.study); with `unmoved: reject` a
+        trial none of whose points moved ends pruned, so it can never be the best trial."""
+        trial.set_user_attr("moved", [m.moved for m in moves])
+        kl = [m.kl_max for m in moves if m.kl_max is not None]
+        if kl:
+            trial.set_user_attr("kl_max", max(kl))
+        if not moves or any(m.moved is not False for m in moves):
+            return
+        trial.set_user_attr("unmoved", True)
+        if self.study.spec.unmoved == "reject":
+            self.outcome = "pruned"
+            trial.set_user_attr("point_status", UNMOVED)
+            trial.set_user_attr("rejected_value", value)
+            raise optuna.TrialPruned(f"the policy did not move (objective {value:.4g} not counted)")
+
+    def _progress(self, trial: optuna.Trial, step0: int, run_dir: Path) -> Callable[[dict], None]:
+        obj = self.study.spec.objective
+        start: list[float] = []  # the update-0 evaluation, for a gain
 
         def report(info: dict) -> None:
-            value = info.get(metric)
-            if isinstance(value, (int, float)) and isinstance(info.get("update"), int):
-                trial.report(float(value), step0 + info["update"])
-                if trial.should_prune():
-                    raise Pruned(f"pruned at update {info['update']}: {metric} = {value:g}")
+            value = info.get(obj.metric)
+            if not (isinstance(value, (int, float)) and isinstance(info.get("update"), int)):
+                return
+            value = float(value)
+            if obj.at == "gain":
+                if not start:
+                    evals = metric_series(read_jsonl(run_dir / METRICS), obj.metric)
+                    start.append(start_value(evals, obj.metric, str(run_dir)))
+                value -= start[0]
+            trial.report(value, step0 + info["update"])
+            if trial.should_prune():
+                raise Pruned(f"pruned at update {info['update']}: {obj.text()} = {value:g}")
 
         return report
 
-    def _point_value(self, trial: optuna.Trial, point: Point, index: int) -> float:
+    def _point_value(
+        self, trial: optuna.Trial, point: Point, index: int, tags: dict[str, str]
+    ) -> tuple[float, Movement]:
         run_dir = point_dir(self.opts.results, self.study.name, point)
         if read_status(run_dir) == "pruned":  # the same config was pruned in an earlier trial
             self.outcome = "pruned"
@@ -180,11 +233,11 @@ class Tuner:
             self.opts.mlflow_uri,
             retry_failed=True,
             env_info=self.opts.env_info,
-            tags={"study": self.study.name, "trial": str(trial.number)},
+            tags=tags,
         )
         step0 = index * (point.config.train.updates + 1)
         # another worker running this very config: wait for it to let go, then use its result
-        res = run_point(point, self.study.name, opts, self._progress(trial, step0), wait=True)
+        res = run_point(point, self.study.name, opts, self._progress(trial, step0, run_dir), wait=True)
         status = read_status(run_dir) if res["status"] == "skipped" else res["status"]
         if status in ("pruned", "diverged"):
             self.outcome = "pruned"
@@ -192,7 +245,10 @@ class Tuner:
             raise optuna.TrialPruned(f"point {point.id} {status}: {res.get('error') or ''}".rstrip(": "))
         if status != "done":
             raise PointFailed(f"point {point.id} {status}: {res.get('error')} (see {run_dir})")
-        return objective_value(read_jsonl(run_dir / METRICS), self.study.spec.objective, str(run_dir))
+        rows, spec = read_jsonl(run_dir / METRICS), self.study.spec
+        return objective_value(rows, spec.objective, str(run_dir)), movement(
+            rows, spec.objective.metric, spec.unmoved_kl
+        )
 
     def requeue_current(self) -> None:
         """After Ctrl-C: queue the interrupted trial's parameters, so the next run resumes its points."""
@@ -204,13 +260,6 @@ class Tuner:
 
 
 # ----------------------------------------------------------------------------- the study
-def _counts(ostudy: optuna.Study) -> dict[TrialState, int]:
-    counts = {s: 0 for s in TrialState}
-    for t in ostudy.get_trials(deepcopy=False):
-        counts[t.state] += 1
-    return counts
-
-
 def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
     """Run trials until the study holds n_trials finished ones (see the module doc)."""
     opts.results = Path(opts.results)
@@ -233,15 +282,23 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
         0,
         False,
     )
+    ran = 0
     while True:
         optuna.storages.fail_stale_trials(ostudy)
-        counts = _counts(ostudy)
-        finished = sum(counts[s] for s in FINISHED_STATES)
+        n = counts(ostudy)
+        finished = sum(n[s] for s in FINISHED_STATES)
         if finished >= target:
+            if not ran and not waiting_said:
+                opts.say(
+                    f"study {study.name}: target reached: it holds {finished} finished trials and the target is "
+                    f"{target} ({'--n-trials' if opts.n_trials else 'n_trials'}); nothing to run. "
+                    f"`--n-trials {finished + 5}` runs 5 more."
+                )
+            write_manifest(study, ostudy, opts.results)
             return ostudy
-        if finished + counts[TrialState.RUNNING] >= target:
+        if finished + n[TrialState.RUNNING] >= target:
             if not waiting_said:
-                opts.say(f"waiting for {counts[TrialState.RUNNING]} trial(s) running in other workers")
+                opts.say(f"waiting for {n[TrialState.RUNNING]} trial(s) running in other workers")
                 waiting_said = True
             time.sleep(min(5.0, study.spec.heartbeat_s))
             continue
@@ -252,7 +309,9 @@ def run_study(study: TuneStudy, opts: TuneOptions) -> optuna.Study:
         except KeyboardInterrupt:
             tuner.requeue_current()
             raise
+        ran += 1
         _say_trial(ostudy, tuner, opts, time.monotonic() - t0)
+        write_manifest(study, ostudy, opts.results)
         failed_in_a_row = failed_in_a_row + 1 if tuner.outcome == "failed" else 0
         if failed_in_a_row >= MAX_FAILED_IN_A_ROW:
             raise UnavailableError(
@@ -270,77 +329,17 @@ def _say_trial(ostudy: optuna.Study, tuner: Tuner, opts: TuneOptions, wall_s: fl
     if t is None:
         return
     value = f" value {t.value:.4g}" if t.value is not None and t.state == TrialState.COMPLETE else ""
+    if "rejected_value" in t.user_attrs:
+        value = f" (value {t.user_attrs['rejected_value']:.4g} not counted)"
+    elif t.user_attrs.get("unmoved"):
+        value += f" ({UNMOVED}: see `harness tune {tuner.study.path} --show`)"
     state = t.state.name.lower()
     why = t.user_attrs.get("point_status", state)
     opts.say(f"trial {t.number} {state}{' (' + why + ')' if why != state else ''}{value} in {wall_s:.1f} s")
 
 
-def _show(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else repr(value)
-
-
-# ----------------------------------------------------------------------------- --show
-MIN_TRIALS_FOR_IMPORTANCE = 4
-
-
-def trial_lines(ostudy: optuna.Study) -> list[str]:
-    """Every trial, in number order: state (and why, for pruned ones), value, parameters."""
-    out = []
-    for t in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
-        state = t.state.name.lower()
-        why = t.user_attrs.get("point_status")
-        value = f"{t.value:.4g}" if t.value is not None and t.state == TrialState.COMPLETE else "-"
-        params = " ".join(f"{k}={_show(v)}" for k, v in t.params.items())
-        out.append(f"  {t.number:>4}  {state + (f' ({why})' if why and why != state else ''):<18} {value:>8}  {params}")
-    return out
-
-
-def importance_lines(ostudy: optuna.Study, complete: list[optuna.trial.FrozenTrial]) -> list[str]:
-    """fANOVA importances (Optuna's default), or one line saying why they are not shown: with
-    fewer than MIN_TRIALS_FOR_IMPORTANCE complete trials, or a constant objective, a ranking of
-    parameters would be noise."""
-    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
-        return [
-            f"parameter importances: not shown: {len(complete)} complete trial(s); at least "
-            f"{MIN_TRIALS_FOR_IMPORTANCE} are needed for a ranking that is not noise"
-        ]
-    values = {t.value for t in complete}
-    if len(values) == 1:
-        return [f"parameter importances: not shown: every complete trial has the same objective ({values.pop():.4g})"]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            # fANOVA's random forest with a fixed seed: the same study prints the same ranking
-            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-            importances = optuna.importance.get_param_importances(ostudy, evaluator=evaluator)
-    except Exception as e:  # noqa: BLE001 - e.g. a parameter with a single value
-        return [f"parameter importances: not available: {type(e).__name__}: {e}"]
-    width = max((len(k) for k in importances), default=0)
-    return ["parameter importances:"] + [f"  {k:<{width}}  {v:.3f}" for k, v in importances.items()]
-
-
-def describe(study: TuneStudy, ostudy: optuna.Study, results: Path) -> list[str]:
-    """The study's counts, every trial, the best trial (values, points) and parameter importances."""
-    counts = _counts(ostudy)
-    obj = study.spec.objective
-    summary = ", ".join(f"{n} {s.name.lower()}" for s, n in counts.items() if n)
-    lines = [
-        f"study {study.name}: {sum(counts.values())} trials ({summary or 'none yet'}); objective: {obj.direction} "
-        f"{obj.metric} ({obj.at}), mean over seeds {study.spec.seeds}"
-    ]
-    if sum(counts.values()):
-        lines += ["trials:", f"  {'#':>4}  {'state':<18} {'value':>8}  parameters"] + trial_lines(ostudy)
-    complete = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    if not complete:
-        return lines + ["no complete trial yet"]
-    best = ostudy.best_trial
-    lines.append(f"best trial {best.number}: {obj.metric} = {best.value:.4g}")
-    lines += [f"  {k} = {_show(v)}" for k, v in best.params.items()]
-    lines += [f"  point: {Path(results) / study.name / p}" for p in best.user_attrs.get("points", [])]
-    return lines + importance_lines(ostudy, complete)
-
-
 def show_study(study: TuneStudy, results: Path, storage_url: str | None) -> list[str]:
+    """What --show prints (harness.experiments.study_report.describe); refreshes the study's sweep.json."""
     url = storage_url or default_storage(results, study.name)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///").split("?")[0]).exists():
         raise ConfigError(
@@ -348,4 +347,5 @@ def show_study(study: TuneStudy, results: Path, storage_url: str | None) -> list
             f"first (or pass its --storage / --results)."
         )
     ostudy = load_optuna_study(study, open_storage(url, study.spec.heartbeat_s), create=False)
+    write_manifest(study, ostudy, results)
     return describe(study, ostudy, results)
