@@ -22,12 +22,12 @@ evaluation (`gain`: what training changed on the held-out tasks), averaged over 
 the metric (for `gain`, minus its update-0 value) at every evaluation, at step = update
 (+ (updates + 1) x the seed's index, so a step means the same thing in every trial).
 
-A point whose policy did not move (`movement`): with common random numbers an unchanged policy
-repeats its held-out evaluation exactly, so a point did not move when it has an evaluation after
-update 0, every evaluation after update 0 equals update 0's on each of MOVEMENT_METRICS and the
-objective's metric, and its KL to the reference (`diag/kl_k3`, the mean k3 estimate over action
-tokens at the start of each update) never exceeds `unmoved_kl` (a trainer that logs no KL is
-judged by its evaluations alone). A trial did not move when none of its points did. With
+A point whose policy did not move (`movement`; docs/algorithms.md#did-not-move): with common random
+numbers an unchanged policy repeats its held-out evaluation exactly, so a point did not move when
+it has an evaluation after update 0, every evaluation after update 0 equals update 0's on each of
+MOVEMENT_METRICS and the objective's metric, and its KL to the reference (`diag/kl_k3`, the mean
+k3 estimate over action tokens at the start of each update) never exceeds `unmoved_kl` (a trainer
+that logs no KL is judged by its evaluations alone). A trial did not move when none of its points did. With
 `unmoved: mark` (the default) it stays complete and --show flags it (and warns when it is the best);
 with `unmoved: reject` it ends `pruned` ("did not move"), so it can never be the best trial.
 
