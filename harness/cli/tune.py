@@ -137,8 +137,10 @@ def _start_workers(
             text=True,
             bufsize=1,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # Ctrl-C reaches this process only, which passes it on once (_stop_workers)
         )
-        threading.Thread(target=_relay, args=(proc, f"[worker {k}] "), daemon=True).start()
+        proc.relay = threading.Thread(target=_relay, args=(proc, f"[worker {k}] "), daemon=True)
+        proc.relay.start()
         procs.append(proc)
     return procs
 
@@ -150,19 +152,25 @@ def _relay(proc: subprocess.Popen, prefix: str) -> None:
 
 def _wait_workers(procs: list[subprocess.Popen]) -> int:
     """Wait for the other workers; how many ended with an error (an interrupted one counts)."""
-    return sum(proc.wait() != 0 for proc in procs)
+    failed = sum(proc.wait() != 0 for proc in procs)
+    for proc in procs:
+        proc.relay.join(timeout=10)  # their last lines before ours
+    return failed
 
 
 def _stop_workers(procs: list[subprocess.Popen]) -> None:
-    """Ctrl-C reaches every worker of the terminal; SIGTERM reached only this one: pass it on."""
+    """Ctrl-C or SIGTERM here: each other worker gets one SIGTERM (it requeues its running trial, as
+    this one does) and a while to finish; one that does not is killed (its trial is requeued once its
+    heartbeat is stale)."""
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # handled like Ctrl-C, even where SIGINT is ignored (nohup, &)
     for proc in procs:
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
+        proc.relay.join(timeout=10)
 
 
 def register(app: typer.Typer) -> None:

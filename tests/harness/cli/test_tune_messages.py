@@ -8,11 +8,14 @@ The trainer is tests/support/trust_trainer.py (HARNESS_TRAIN_FN); real Optuna st
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
@@ -91,3 +94,25 @@ def test_workers_share_the_study_and_a_finished_study_says_its_target_is_reached
     again = harness("tune", str(path), "--results", str(results), "--no-mlflow")
     assert again.returncode == 0
     assert f"study s: target reached: it holds {len(finished)} finished trials and the target is 4" in again.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_to_workers_requeues_every_running_trial(tmp_path):
+    """SIGTERM (or Ctrl-C) to `harness tune --workers 2` reaches both workers: each requeues its trial."""
+    path, results, gate = study_file(tmp_path), tmp_path / "results", tmp_path / "gate"
+    cmd = [sys.executable, "-m", "harness", "tune", str(path), "--results", str(results), "--no-mlflow"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HARNESS_TRAIN_FN": TRUST, "TRUST_DELAY": "30"}
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2"], cwd=REPO, env={**env, "TRUST_GATE_DIR": str(gate)}, stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    while not (gate.exists() and len(list(gate.iterdir())) >= 2):  # both workers hold a trial
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 130, out
+    assert "[worker 2] interrupted" in out and out.rstrip().endswith("(the interrupted trial runs first)")
+    ts = optuna.load_study(study_name="s", storage=f"sqlite:///{results.resolve() / 's' / 'optuna.db'}").get_trials()
+    assert [t.state for t in ts] == [TrialState.FAIL] * 2 + [TrialState.WAITING] * 2
+    assert sorted(t.user_attrs["resumes"] for t in ts[2:]) == [0, 1]
