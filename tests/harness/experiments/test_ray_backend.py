@@ -137,7 +137,7 @@ def test_head_listens_on_loopback_only(ray_head):
 
 
 def test_ray_sweep_matches_the_local_backend_with_the_real_trainer(tmp_path, ray_head):
-    from test_trainer import TINY
+    from tests.helpers.configs import TINY
 
     base = json.loads(json.dumps(TINY))
     base["train"].update(updates=2, eval_every=1)

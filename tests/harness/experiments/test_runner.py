@@ -21,41 +21,9 @@ from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger
 from harness.store import atomic_write_text, read_jsonl
 from tests.helpers import REPO  # noqa: E402
+from tests.helpers.sweeps import BASE, calls, check_complete, make_sweep, opts
 from tests.support import fake_trainer
 from tests.support.pause import pause_at, paused, resume, start_interruptible, wait_until
-
-BASE = """
-env: {name: frozenlake}
-train: {updates: 6, checkpoint_every: 2}
-tracking: {mlflow: false}
-"""
-
-
-def make_sweep(
-    tmp_path: Path, points: str = "", grid: str = "algo.lr: [1.0e-4, 2.0e-4]", seeds: str = "[0, 1]", base: str = BASE
-) -> Path:
-    (tmp_path / "base.yaml").write_text(base)
-    body = f"name: s\nbase: base.yaml\ngrid: {{{grid}}}\nseeds: {seeds}\n"
-    if points:
-        body += f"points:\n{points}"
-    path = tmp_path / "sweep.yaml"
-    path.write_text(body)
-    return path
-
-
-def opts(tmp_path: Path, **kw) -> RunOptions:
-    return RunOptions(results=tmp_path / "results", train_fn=fake_trainer.train, **kw)
-
-
-def calls(run_dir: Path) -> list[dict]:
-    return read_jsonl(run_dir / fake_trainer.CALLS)
-
-
-def check_complete(run_dir: Path, seed: int, lr: float, updates: int) -> None:
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["update"] for r in rows] == list(range(1, updates + 1))
-    assert [r["env/success"] for r in rows] == [fake_trainer.metric(seed, u, lr) for u in range(1, updates + 1)]
-    assert [r["update"] for r in read_jsonl(run_dir / "samples.jsonl")] == list(range(1, updates + 1))
 
 
 def test_a_sweep_writes_every_point_folder(tmp_path):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_runner import make_sweep
 
 from harness.config.errors import ConfigError
 from harness.diagnostics.collapse import CollapseMonitor
@@ -22,6 +21,8 @@ from harness.experiments.runner import run_sweep
 from harness.experiments.sweep import load_sweep, single_point
 from harness.rl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tests.helpers import REPO  # noqa: E402
+from tests.helpers.cli import TUNE_FAKE_TRAINER, harness_cli
+from tests.helpers.sweeps import make_sweep, study_file
 from tests.support import fake_trainer
 
 PASSWORD = "hunter2-s3cret"
@@ -97,10 +98,17 @@ def test_mask_credentials(text, masked):
 
 
 def test_storage_and_tracking_passwords_never_reach_a_message(tmp_path, capsys):
-    from test_tune import harness, study_file
-
     url = f"postgresql://optuna:{PASSWORD}@127.0.0.1:1/db"  # no driver installed: an error naming the URL
-    out = harness("tune", str(study_file(tmp_path)), "--storage", url, "--results", str(tmp_path / "r"), "--no-mlflow")
+    out = harness_cli(
+        "tune",
+        str(study_file(tmp_path)),
+        "--storage",
+        url,
+        "--results",
+        str(tmp_path / "r"),
+        "--no-mlflow",
+        HARNESS_TRAIN_FN=TUNE_FAKE_TRAINER,
+    )
     assert out.returncode == 2 and "--storage postgresql://optuna:***@127.0.0.1:1/db" in out.stderr, out.stderr
     assert PASSWORD not in out.stdout + out.stderr
     sweep = load_sweep(make_sweep(tmp_path, grid="algo.lr: [1.0e-4]", seeds="[0]", base="env: {name: frozenlake}\n"))

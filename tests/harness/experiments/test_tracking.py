@@ -160,7 +160,7 @@ def test_processes_creating_one_fresh_store_at_once_all_get_a_complete_store(tmp
 
 
 def test_two_first_sweeps_into_a_fresh_folder_both_log_to_mlflow(tmp_path):
-    from test_runner import make_sweep
+    from tests.helpers.sweeps import make_sweep
 
     path, results = make_sweep(tmp_path, base=BASE_WITH_MLFLOW), tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--results", str(results)]

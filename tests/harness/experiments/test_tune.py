@@ -24,34 +24,12 @@ from harness.experiments.study import load_study
 from harness.experiments.tuner import TuneOptions, default_storage, run_study
 from harness.store import read_jsonl
 from tests.helpers import REPO  # noqa: E402
+from tests.helpers.sweeps import study_file
 from tests.support import tune_fake_trainer
 from tests.support.pause import RESUME, paused, resume, start_interruptible, wait_until
 
 FAKE = "tests.support.tune_fake_trainer:train"
 SHARED_CACHE = os.environ["HARNESS_CACHE"]  # conftest: one cache (tiny model) for the whole session
-
-
-def study_file(tmp_path: Path, name: str = "s", mlflow: bool = False, **over) -> Path:
-    spec = {
-        "name": name,
-        "base": {
-            "env": {"name": "frozenlake"},
-            "tracking": {"mlflow": mlflow},
-            "train": {"updates": 4, "eval_every": 1, "checkpoint_every": 1},
-        },
-        "space": {
-            "algo.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
-            "rollout.group_size": {"type": "categorical", "choices": [2, 4]},
-        },
-        "objective": {"metric": "eval_greedy/success", "direction": "maximize"},
-        "pruner": {"name": "none"},
-        "n_trials": 4,
-        "heartbeat_s": 1,
-        **over,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
 
 
 def harness(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -340,7 +318,7 @@ def test_shipped_study_loads():
 
 
 def test_a_tiny_study_with_the_real_trainer(tmp_path, monkeypatch):
-    from test_trainer import TINY
+    from tests.helpers.configs import TINY
 
     monkeypatch.delenv("HARNESS_TRAIN_FN", raising=False)
     base = json.loads(json.dumps(TINY))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_runner import calls, check_complete, make_sweep, opts
 from typer.testing import CliRunner
 
 from harness.cli.main import app
 from harness.experiments.runner import run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.store import check_sweep, read_jsonl
+from tests.helpers.sweeps import calls, check_complete, make_sweep, opts
 from tests.support import fake_trainer
 
 GARBAGE = os.urandom(48) + b"\xff\xfe\x00"
