@@ -11,8 +11,8 @@ fetches them first (for Python 3.12 on x86-64 Linux; --python-version to change)
 Steps, each timed and recorded in the JSON report (sized to take under 8 minutes on one H200;
 not yet run on one: 7 minutes in --cpu mode on a 2-core CPU):
 1. the environment: torch, CUDA, the GPU, transformers and peft versions;
-2. the `gpu` tests (tests/harness/rl/engines/test_static_kv.py, rl/test_gpu_path.py, rl/engines/test_vllm_backend.py: the
-   vLLM ones skip with their reason where vLLM is not installed);
+2. the `gpu` tests (in tests/harness/rl/: engines/test_static_kv.py, test_gpu_path.py,
+   engines/test_vllm_backend.py: the vLLM ones skip with their reason where vLLM is not installed);
 3. `harness bench` on CUDA, parts engines (HF generate vs ours at Qwen2.5-0.5B's shape with random
    weights, batches 64 and 256) and update (that shape, 8 x 2048), with the issue's targets next to
    the measured values;
