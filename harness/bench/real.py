@@ -24,6 +24,7 @@ the ratios (both sides measured back to back) much less. docs/benchmarks.md has 
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import tempfile
@@ -33,6 +34,8 @@ from pathlib import Path
 import torch
 
 SIZES = {"batches": (32, 1), "prompt": 32, "new_tokens": 64, "repeats": 2}
+ENGINES = ("generate", "hf", "static", "static:bfloat16")
+MISMATCH_KEYS = ("diag/logprob_mismatch", "diag/logprob_mismatch_max", "diag/mismatch_k3", "diag/mismatch_ess")
 
 
 def load_average() -> list[float]:
@@ -80,15 +83,24 @@ def forward_gflops(model, length: int = 256, repeats: int = 2) -> dict:
     return {"tokens": length, "seconds": best, "gflop_s": linear_flops_per_token(model) * length / best / 1e9}
 
 
-def compute_floor(model) -> dict:
-    """The matmul rates and the floor in tokens/s they imply for `model` (see the module docstring)."""
+def compute_floor(model, n: int = 2048) -> dict:
+    """The rates of an n x n matmul and the floor in tokens/s they imply for `model` (see the module
+    docstring); the matmul at one thread too (more threads slower than one: they contend for cores)."""
     flops = linear_flops_per_token(model)
-    fp32, bf16 = matmul_gflops(dtype=torch.float32), matmul_gflops(dtype=torch.bfloat16)
+    fp32, bf16 = matmul_gflops(n, torch.float32), matmul_gflops(n, torch.bfloat16)
     dtype = next(model.parameters()).dtype
     rate = bf16 if dtype == torch.bfloat16 else fp32
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = matmul_gflops(n, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
     return {
-        "matmul_2048_float32_gflop_s": fp32,
-        "matmul_2048_bfloat16_gflop_s": bf16,
+        "matmul_n": n,
+        "matmul_float32_gflop_s": fp32,
+        "matmul_bfloat16_gflop_s": bf16,
+        "matmul_float32_gflop_s_1_thread": one,
         "model_dtype": str(dtype).removeprefix("torch."),
         "flops_per_token": flops,
         "floor_tokens_per_s": rate * 1e9 / flops,
@@ -105,8 +117,8 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[
 
 
 def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """(seconds, token ids per row) of our sampler on engine `backend`: every row generates
-    `new_tokens` (no end token), prefill included."""
+    """(seconds, token ids per row, their log-probs) of our sampler on engine `backend`: every row
+    generates `new_tokens` (no end token), prefill included."""
     from harness.rl.engines import kv_batch
     from harness.rl.rollout import generate_turn
 
@@ -128,11 +140,11 @@ def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy
     seconds = time.perf_counter() - t0
     if any(len(ids) != new_tokens for ids in out.ids):
         raise RuntimeError(f"{backend}: a row did not generate {new_tokens} tokens")
-    return seconds, out.ids
+    return seconds, out.ids, out.logprobs
 
 
 def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """(seconds, token ids per row) of HF `generate` (dynamic cache, no top-k) forced to `new_tokens`."""
+    """(seconds, token ids per row, None) of HF `generate` (dynamic cache, no top-k) forced to `new_tokens`."""
     ids = torch.tensor(prompts)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
@@ -152,27 +164,65 @@ def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = F
     seconds = time.perf_counter() - t0
     if out.shape[1] != ids.shape[1] + new_tokens:
         raise RuntimeError(f"generate: {out.shape[1] - ids.shape[1]} new tokens instead of {new_tokens}")
-    return seconds, out[:, ids.shape[1] :].tolist()
+    return seconds, out[:, ids.shape[1] :].tolist(), None
 
 
-def _sampler(engine: str):
-    if engine == "generate":
-        return sample_generate
-    return lambda model, prompts, n, seed, greedy=False: sample_ours(model, engine, prompts, n, seed, greedy)
+class Engines:
+    """The samplers compared: `generate`, `hf`, `static`, and `<engine>:bfloat16`, our engine on a
+    bfloat16 copy of the model (made once), as `rollout.sampler_dtype: bfloat16` samples."""
+
+    def __init__(self, model):
+        self.model, self._copies = model, {}
+
+    def model_for(self, engine: str):
+        _, _, dtype = engine.partition(":")
+        if not dtype:
+            return self.model
+        if dtype not in self._copies:
+            self._copies[dtype] = copy.deepcopy(self.model).to(getattr(torch, dtype)).eval()
+        return self._copies[dtype]
+
+    def sample(self, engine: str, prompts, new_tokens: int, seed: int, greedy: bool = False):
+        backend = engine.partition(":")[0]
+        model = self.model_for(engine)
+        if backend == "generate":
+            return sample_generate(model, prompts, new_tokens, seed, greedy)
+        return sample_ours(model, backend, prompts, new_tokens, seed, greedy)
+
+    def release(self) -> None:
+        from harness.rl.engines import static
+
+        for m in (self.model, *self._copies.values()):
+            static.release(m)
+        self._copies.clear()
 
 
-def greedy_agreement(model, engines, *, rows: int = 4, prompt: int = 32, new_tokens: int = 8) -> dict:
-    """Greedy tokens of every engine on the same prompts: the fraction of rows equal to `generate`'s
-    (or to the first engine's)."""
-    vocab = model.get_input_embeddings().weight.shape[0]
+def logprob_gap(model, prompts, ids, logprobs) -> dict:
+    """How far a sampler's log-probs of its own tokens are from `model`'s (teacher-forced, in
+    `model`'s dtype): mean |delta| and the k3 estimate of KL(sampler || model) over the tokens, the
+    mismatch an off-policy correction (algo.correction) has to absorb."""
+    from harness.model.logprobs import token_logprobs
+
+    full = torch.tensor([p + x for p, x in zip(prompts, ids)])
+    with torch.inference_mode():
+        lp, _ = token_logprobs(model, full, torch.ones_like(full))
+    ref = lp[:, len(prompts[0]) :].double()  # (B, new)
+    sampler = torch.tensor(logprobs, dtype=torch.float64)
+    d = ref - sampler  # log (model / sampler)
+    return {"mean_abs_delta": float(d.abs().mean()), "k3": float((torch.expm1(d) - d).mean())}
+
+
+def greedy_agreement(engines: Engines, names, *, rows: int = 4, prompt: int = 32, new_tokens: int = 8) -> dict:
+    """Greedy tokens of every engine on the same prompts: the fraction of rows equal to the first engine's."""
+    vocab = engines.model.get_input_embeddings().weight.shape[0]
     prompts = random_prompts(vocab, rows, prompt, seed=12345)
-    outs = {e: _sampler(e)(model, prompts, new_tokens, 0, greedy=True)[1] for e in engines}
-    ref = outs[engines[0]]
+    outs = {e: engines.sample(e, prompts, new_tokens, 0, greedy=True)[1] for e in names}
+    ref = outs[names[0]]
     return {
-        "reference": engines[0],
+        "reference": names[0],
         "rows": rows,
         "new_tokens": new_tokens,
-        **{f"{e}_rows_equal": sum(a == b for a, b in zip(outs[e], ref)) / rows for e in engines[1:]},
+        **{f"{e}_rows_equal": sum(a == b for a, b in zip(outs[e], ref)) / rows for e in names[1:]},
     }
 
 
@@ -184,37 +234,44 @@ def bench_sampling(
     prompt: int = SIZES["prompt"],
     new_tokens: int = SIZES["new_tokens"],
     repeats: int = SIZES["repeats"],
-    engines: tuple[str, ...] = ("generate", "hf", "static"),
+    engines: tuple[str, ...] = ENGINES,
 ) -> dict:
     """Tokens/s of each engine at each batch size (median of `repeats`, sides interleaved, after a
-    short warm-up), the ratios to `generate` and the fractions of the floor."""
+    short warm-up), the ratios to `generate` and the fractions of the floor (of `model`'s dtype);
+    for engines on a copy in another dtype, the log-prob gap to `model` (`logprob_gap`)."""
     vocab = model.get_input_embeddings().weight.shape[0]
+    runner = Engines(model)
     out: dict = {"prompt_tokens": prompt, "new_tokens": new_tokens, "repeats": repeats, "by_batch": {}}
-    for batch in batches:
-        prompts = random_prompts(vocab, batch, prompt, seed=batch)
-        for e in engines:  # warm-up: kernels, allocator, the static engine's buffers
-            _sampler(e)(model, prompts, min(new_tokens, 4), 0)
-        secs: dict[str, list[float]] = {e: [] for e in engines}
-        tokens: dict[str, list] = {}
-        for r in range(repeats):
+    try:
+        for batch in batches:
+            prompts = random_prompts(vocab, batch, prompt, seed=batch)
+            for e in engines:  # warm-up: kernels, allocator, the static engine's buffers
+                runner.sample(e, prompts, min(new_tokens, 4), 0)
+            secs: dict[str, list[float]] = {e: [] for e in engines}
+            last: dict[str, tuple] = {}
+            for r in range(repeats):
+                for e in engines:
+                    s, ids, lps = runner.sample(e, prompts, new_tokens, r + 1)
+                    secs[e].append(s)
+                    last[e] = (ids, lps)
+            row: dict = {"load_average": load_average()}
+            ran = batch * (prompt + new_tokens - 1)  # tokens the model processed (the last one is never fed)
             for e in engines:
-                s, ids = _sampler(e)(model, prompts, new_tokens, r + 1)
-                secs[e].append(s)
-                tokens[e] = ids
-        row: dict = {"load_average": load_average()}
-        ran = batch * (prompt + new_tokens - 1)  # tokens the model processed (the last one is never fed)
-        for e in engines:
-            sec = statistics.median(secs[e])
-            row[f"{e}_tokens_per_s"] = batch * new_tokens / sec
-            row[f"{e}_generated_tokens"] = sum(len(x) for x in tokens[e])
-            row[f"{e}_fraction_of_floor"] = row[f"{e}_tokens_per_s"] / floor_tokens_per_s
-            row[f"{e}_fraction_of_floor_all"] = ran / sec / floor_tokens_per_s
-            if e != "generate" and "generate" in engines:
-                row[f"{e}_vs_generate"] = row[f"{e}_tokens_per_s"] / row["generate_tokens_per_s"]
-        if "hf" in tokens and "static" in tokens:  # same random stream: the same tokens
-            row["hf_static_rows_equal"] = sum(a == b for a, b in zip(tokens["hf"], tokens["static"])) / batch
-        out["by_batch"][str(batch)] = row
-    out["greedy_agreement"] = greedy_agreement(model, list(engines), prompt=prompt)
+                sec = statistics.median(secs[e])
+                row[f"{e}_tokens_per_s"] = batch * new_tokens / sec
+                row[f"{e}_generated_tokens"] = sum(len(x) for x in last[e][0])
+                row[f"{e}_fraction_of_floor"] = row[f"{e}_tokens_per_s"] / floor_tokens_per_s
+                row[f"{e}_fraction_of_floor_all"] = ran / sec / floor_tokens_per_s
+                if e != "generate" and "generate" in engines:
+                    row[f"{e}_vs_generate"] = row[f"{e}_tokens_per_s"] / row["generate_tokens_per_s"]
+                if ":" in e:
+                    row[f"{e}_logprob_gap"] = logprob_gap(model, prompts, *last[e])
+            if "hf" in last and "static" in last:  # same random stream: the same tokens
+                row["hf_static_rows_equal"] = sum(a == b for a, b in zip(last["hf"][0], last["static"][0])) / batch
+            out["by_batch"][str(batch)] = row
+        out["greedy_agreement"] = greedy_agreement(runner, [e for e in engines if ":" not in e], prompt=prompt)
+    finally:
+        runner.release()
     return out
 
 
@@ -271,6 +328,8 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
                         "generated_tokens": int(m["perf/rollout_tokens"]),
                         "train_tokens": int(m.get("perf/train_tokens", 0)),
                         "load_average": load_average(),
+                        # sampler vs behaviour log-probs (rollout.sampler_dtype: the cost of sampling in bf16)
+                        **{k: m[k] for k in MISMATCH_KEYS if k in m},
                     }
                 )
             peak = _cpu_rss_bytes("VmHWM")
@@ -290,8 +349,9 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
 # ----------------------------------------------------------------------------- the part
 
 
-def bench_real(cfg, *, sizes: dict | None = None, updates: int = 2) -> dict:
-    """The part `real` of `harness bench`: floor, sampling and the update split on `cfg`'s model."""
+def bench_real(cfg, *, sizes: dict | None = None, updates: int = 2, sampling: bool = True) -> dict:
+    """The parts `real` (floor, sampling and the update split) and `real_update` (`sampling` False:
+    floor and update split, e.g. to compare configurations) of `harness bench` on `cfg`'s model."""
     from harness.model.base import load_pretrained
     from harness.model.cache import cache_dir
     from harness.model.pipeline import base_model
@@ -305,10 +365,8 @@ def bench_real(cfg, *, sizes: dict | None = None, updates: int = 2) -> dict:
     out: dict = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average_start": load_average()}
     out["parameters"] = sum(p.numel() for p in model.parameters())
     out["floor"] = compute_floor(model)
-    out["sampling"] = bench_sampling(model, out["floor"]["floor_tokens_per_s"], **size)
-    from harness.rl.engines import static
-
-    static.release(model)
+    if sampling:
+        out["sampling"] = bench_sampling(model, out["floor"]["floor_tokens_per_s"], **size)
     del model
     if updates:
         out["update_split"] = bench_update_split(cfg, updates)

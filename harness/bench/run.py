@@ -286,10 +286,11 @@ def run_bench(
         out["logprob_peak_memory_qwen05b_head"] = bench_logprob_memory(qwen05b_shaped_head_model().to(device), 2, 512)
     if "trl" in parts:
         out["update_vs_trl_grpo"] = bench_trl(cfg, steps)
-    if "real" in parts:
+    if "real" in parts or "real_update" in parts:
         from harness.bench.real import bench_real
 
-        out["real"] = bench_real(cfg, updates=steps)
+        key = "real" if "real" in parts else "real_update"
+        out[key] = bench_real(cfg, updates=steps, sampling="real" in parts)
     if "sandbox" in parts:
         from harness.bench.sandbox import bench_sandbox
 

@@ -18,7 +18,8 @@ from algorithms import ADV_NORM, ADVANTAGE, KL_ESTIMATOR
 from algorithms.types import AdvantageInputs
 from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig
-from harness.model.logprobs import token_logprobs
+from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
+from harness.model.policy import values_from_hidden
 from harness.rl.batch import TrainBatch, row_groups
 from harness.rl.losses import on_device, policy_forward
 
@@ -57,17 +58,20 @@ def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
     return rlp.to(mb.input_ids.device)
 
 
-def _full_entropy(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
-    """Full-vocabulary entropy (B, T) of the tempered policy (a second pass under constrained decoding)."""
-    dev = next(policy.model.parameters()).device
-    _, ent = token_logprobs(
-        policy.model,
-        on_device(mb.input_ids, dev),
-        on_device(mb.attention_mask, dev),
-        temperature=temperature,
-        with_entropy=True,
+def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values: bool):
+    """Under constrained decoding: log-probs and entropy of the constrained policy, the
+    full-vocabulary entropy and the values (or None), from ONE backbone pass. The two heads read
+    the same hidden states, so this computes exactly what two separate passes computed, without
+    running the backbone twice."""
+    home, dev = mb.input_ids.device, next(policy.model.parameters()).device
+    ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
+    hidden = hidden_states(policy.model, ids, attn)  # (B, T, H)
+    lp, ent_c = logprobs_from_hidden(
+        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed
     )
-    return ent.to(mb.input_ids.device)
+    _, ent = logprobs_from_hidden(policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True)
+    v = values_from_hidden(policy.value_head, hidden, attn) if with_values else None
+    return on_device(lp, home), on_device(ent_c, home), on_device(ent, home), on_device(v, home)
 
 
 @torch.no_grad()
@@ -84,18 +88,18 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
     for idx in slices:
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
-        lp, ent, v = policy_forward(
-            policy,
-            mb.input_ids,
-            mb.attention_mask,
-            temperature=temperature,
-            with_entropy=True,
-            with_values=cfg.algo.critic.enabled,
-            allowed=mb.allowed,
-        )
         ent_c = None
-        if mb.allowed is not None:  # ent is over the admissible set; the full-vocabulary one needs its own pass
-            ent_c, ent = ent, _full_entropy(policy, mb, temperature)
+        if mb.allowed is None:
+            lp, ent, v = policy_forward(
+                policy,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=temperature,
+                with_entropy=True,
+                with_values=cfg.algo.critic.enabled,
+            )
+        else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
+            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled)
         ref = _reference_logp(policy, mb, temperature)
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:

@@ -9,7 +9,17 @@ import math
 import pytest
 import torch
 
-from harness.bench.real import bench_real, bench_sampling, compute_floor, linear_flops_per_token, matmul_gflops
+from harness.bench.real import (
+    Engines,
+    bench_real,
+    bench_sampling,
+    compute_floor,
+    linear_flops_per_token,
+    logprob_gap,
+    matmul_gflops,
+    random_prompts,
+    sample_ours,
+)
 from harness.bench.run import bench_trl, never_ends
 from harness.model.base import load_pretrained
 from harness.model.cache import cache_dir
@@ -38,8 +48,8 @@ def test_flops_per_token_counts_every_linear_weight_once(tiny):
 def test_floor_is_the_matmul_rate_over_the_flops_per_token(tiny):
     model, _ = tiny
     assert matmul_gflops(n=256, repeats=2) > 0
-    floor = compute_floor(model)
-    rate = floor["matmul_2048_float32_gflop_s"]
+    floor = compute_floor(model, n=256)
+    rate = floor["matmul_float32_gflop_s"]
     assert math.isclose(floor["floor_tokens_per_s"], rate * 1e9 / floor["flops_per_token"])
     fwd = floor["forward_1x256"]
     assert fwd["tokens"] == 256 and fwd["gflop_s"] > 0
@@ -59,8 +69,23 @@ def test_sampling_engines_do_equal_work_and_sample_the_same_tokens(tiny):
         for e in ("hf", "static"):
             assert math.isclose(row[f"{e}_vs_generate"], row[f"{e}_tokens_per_s"] / row["generate_tokens_per_s"])
         assert row["hf_static_rows_equal"] == 1.0  # same stream, same logits: the same tokens
+        assert row["static:bfloat16_generated_tokens"] == batch * 5
+        gap = row["static:bfloat16_logprob_gap"]
+        assert 0 < gap["mean_abs_delta"] < 1 and gap["k3"] >= 0
     agree = out["greedy_agreement"]
     assert agree["reference"] == "generate" and agree["hf_rows_equal"] == 1.0 and agree["static_rows_equal"] == 1.0
+
+
+def test_logprob_gap_is_zero_for_the_model_itself_and_positive_for_a_bf16_copy(tiny):
+    model, _ = tiny
+    prompts = random_prompts(model.config.vocab_size, 3, 6, seed=0)
+    _, ids, lps = sample_ours(model, "hf", prompts, 4, seed=0)
+    same = logprob_gap(model, prompts, ids, lps)
+    assert same["mean_abs_delta"] < 1e-5 and abs(same["k3"]) < 1e-9
+    bf16 = Engines(model)
+    _, ids, lps = bf16.sample("hf:bfloat16", prompts, 4, 0)
+    assert bf16.model_for("hf:bfloat16").dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert logprob_gap(model, prompts, ids, lps)["mean_abs_delta"] > 1e-4
 
 
 def test_never_ends_forces_every_action_to_the_token_limit(tiny):
