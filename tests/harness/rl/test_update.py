@@ -18,20 +18,7 @@ from harness.rl.behaviour import advantages, behaviour_forward
 from harness.rl.demos import Demonstrations
 from harness.rl.losses import Denominators, loss_terms
 from harness.rl.update import make_optimizer, run_update
-from tests.helpers.update import BASE, cfg_of, perturb, raw_config
-
-GRPO = {
-    "clip": {"level": "token", "seq_mask": False, "eps_low": 0.2, "eps_high": 0.2, "seq_mask_delta": 0.223},
-    "agg": "token-mean",
-    "estimator": "grpo",
-    "norm": "group",
-    "filter": "none",
-    "kl": ("k3", "loss"),
-    "critic": False,
-    "layout": "concatenated",
-    "mask": True,
-    "constrain": False,
-}
+from tests.helpers.update import BASE, GRPO, cfg_of, perturb, raw_config
 
 
 def off_policy(env, cfg):
