@@ -1,22 +1,27 @@
 """A real model on this machine (`harness bench --only real`): the compute floor, the samplers and
-one update, with every ratio measured in the same process.
+training updates, with every ratio measured in the same process.
 
 - `compute_floor`: this machine's matmul rate (a square float32 and bfloat16 matmul, the best of a
-  few runs) turned into a floor in tokens per second: a token costs about 2 FLOPs per weight it
-  is multiplied by (`linear_flops_per_token`: every `nn.Linear` of the model, the output head
+  few runs; float32 at one thread too: on a busy machine more threads can run slower than one)
+  turned into a floor in tokens per second: a token costs about 2 FLOPs per weight it is
+  multiplied by (`linear_flops_per_token`: every `nn.Linear` of the model, the output head
   included, the input embedding lookup not; attention scores and element-wise work are left out,
   about 2% of a 96-token context for SmolLM2). Also the rate one 1 x 256 forward of the model reaches.
-- `bench_sampling`: sampled tokens per second of HF `generate`, and of our sampler on the `hf` and
-  `static` engines, at each batch size, for the same random prompts and the same number of new
-  tokens on every side (`generate` with `min_new_tokens` = `max_new_tokens` and no end token; ours
-  with no end token); the ratio of each to `generate`, and the fraction of the floor. Two fractions:
-  `fraction_of_floor` counts the generated tokens only (what the issue's figures count), and
-  `fraction_of_floor_all` every token the model ran (prompt + generated - 1). The engines' tokens
-  are compared: `hf` and `static` draw from the same random stream, so they sample the same tokens
-  when their logits agree; a short greedy run compares all three engines.
+- `bench_sampling`: sampled tokens per second of HF `generate`, of our sampler on the `hf` and
+  `static` engines, and of the static engine on a bfloat16 copy (`static:bfloat16`, what
+  `rollout.sampler_dtype: bfloat16` runs), at each batch size, for the same random prompts and
+  the same number of new tokens on every side (`generate` with `min_new_tokens` =
+  `max_new_tokens` and no end token; ours with no end token); the ratio of each to `generate`,
+  and the fraction of the floor of the model's dtype. Two fractions: `fraction_of_floor` counts
+  the generated tokens only (what issue 37's figures count), `fraction_of_floor_all` every token
+  the model ran (prompt + generated - 1). The engines' tokens are compared: `hf` and `static`
+  draw from the same random stream, so they sample the same tokens when their logits agree; a
+  short greedy run compares them with `generate`; the bfloat16 sampler's log-probs are compared
+  with the model's on the tokens it drew (`logprob_gap`).
 - `bench_update_split`: seconds of real training updates (the config's environment, model,
   rollout and algorithm) split into the rollout, the behaviour and reference log-probs, and the
-  rest of the update, and the process's peak resident memory.
+  rest of the update, the sampler/behaviour mismatch diagnostics, and the process's peak
+  resident memory.
 
 The load average is recorded beside the figures: on a shared machine every figure depends on it,
 the ratios (both sides measured back to back) much less. docs/benchmarks.md has the measurements.
@@ -29,11 +34,12 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SIZES = {"batches": (32, 1), "prompt": 32, "new_tokens": 64, "repeats": 2}
+SIZES = {"batches": (32, 1), "prompt": 32, "new_tokens": 64, "repeats": 2, "matmul": 2048}
 ENGINES = ("generate", "hf", "static", "static:bfloat16")
 MISMATCH_KEYS = ("diag/logprob_mismatch", "diag/logprob_mismatch_max", "diag/mismatch_k3", "diag/mismatch_ess")
 
@@ -45,17 +51,20 @@ def load_average() -> list[float]:
 # ----------------------------------------------------------------------------- the floor
 
 
-def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
-    """GFLOP/s of an n x n by n x n matmul (2 n^3 FLOPs) at the current thread count, best of `repeats`."""
+def matmul_gflops(
+    n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5, timer=time.perf_counter
+) -> float:
+    """GFLOP/s of an n x n by n x n matmul (2 n^3 FLOPs) at the current thread count, best of
+    `repeats`; `timer` time.process_time gives GFLOP per CPU-second of this process instead."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)
     a @ b  # warm-up: thread pool, kernel choice
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = timer()
         a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+        best = min(best, timer() - t0)
+    return 2 * n**3 / max(best, 1e-9) / 1e9
 
 
 def linear_flops_per_token(model) -> int:
@@ -84,31 +93,45 @@ def forward_gflops(model, length: int = 256, repeats: int = 2) -> dict:
 
 
 def compute_floor(model, n: int = 2048) -> dict:
-    """The rates of an n x n matmul and the floor in tokens/s they imply for `model` (see the module
-    docstring); the matmul at one thread too (more threads slower than one: they contend for cores)."""
+    """The rates of an n x n matmul and the floors in tokens/s they imply for `model` (see the
+    module docstring): per second of wall time, and per CPU-second of this process (what the
+    machine gives a process that has its cores to itself; on a shared machine the robust one);
+    float32 at one thread too (more threads slower than one: they contend for busy cores)."""
     flops = linear_flops_per_token(model)
-    fp32, bf16 = matmul_gflops(n, torch.float32), matmul_gflops(n, torch.bfloat16)
     dtype = next(model.parameters()).dtype
-    rate = bf16 if dtype == torch.bfloat16 else fp32
+    rates = {
+        (name, clock): matmul_gflops(n, dt, timer=timer)
+        for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
+        for clock, timer in (("s", time.perf_counter), ("cpu_s", time.process_time))
+    }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         one = matmul_gflops(n, torch.float32)
     finally:
         torch.set_num_threads(threads)
+    name = "bfloat16" if dtype == torch.bfloat16 else "float32"
     return {
         "matmul_n": n,
-        "matmul_float32_gflop_s": fp32,
-        "matmul_bfloat16_gflop_s": bf16,
-        "matmul_float32_gflop_s_1_thread": one,
+        **{f"matmul_{dt}_gflop_per_{clock}": r for (dt, clock), r in rates.items()},
+        "matmul_float32_gflop_per_s_1_thread": one,
         "model_dtype": str(dtype).removeprefix("torch."),
         "flops_per_token": flops,
-        "floor_tokens_per_s": rate * 1e9 / flops,
+        "floor_tokens_per_s": rates[(name, "s")] * 1e9 / flops,
+        "floor_tokens_per_cpu_s": rates[(name, "cpu_s")] * 1e9 / flops,
         "forward_1x256": forward_gflops(model),
     }
 
 
 # ----------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Sample:
+    seconds: float  # wall time
+    cpu_seconds: float  # CPU time of this process (all its threads)
+    ids: list[list[int]]
+    logprobs: list[list[float]] | None  # the sampler's log-probs of its tokens (None: generate)
 
 
 def random_prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[int]]:
@@ -117,14 +140,14 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[
 
 
 def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """(seconds, token ids per row, their log-probs) of our sampler on engine `backend`: every row
-    generates `new_tokens` (no end token), prefill included."""
+    """Our sampler on engine `backend` (a `Sample`): every row generates `new_tokens` (no end
+    token), prefill included."""
     from harness.rl.engines import kv_batch
     from harness.rl.rollout import generate_turn
 
     kv = kv_batch(model, 0, backend)
     kv.reset(len(prompts))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = generate_turn(
             kv,
@@ -137,17 +160,17 @@ def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy
             greedy=greedy,
             generator=torch.Generator().manual_seed(seed),
         )
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     if any(len(ids) != new_tokens for ids in out.ids):
         raise RuntimeError(f"{backend}: a row did not generate {new_tokens} tokens")
-    return seconds, out.ids, out.logprobs
+    return Sample(seconds, cpu, out.ids, out.logprobs)
 
 
 def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """(seconds, token ids per row, None) of HF `generate` (dynamic cache, no top-k) forced to `new_tokens`."""
+    """HF `generate` (dynamic cache, no top-k) forced to `new_tokens` (a `Sample`)."""
     ids = torch.tensor(prompts)
     torch.manual_seed(seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
@@ -161,10 +184,10 @@ def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = F
             pad_token_id=0,
             eos_token_id=None,
         )
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out.shape[1] != ids.shape[1] + new_tokens:
         raise RuntimeError(f"generate: {out.shape[1] - ids.shape[1]} new tokens instead of {new_tokens}")
-    return seconds, out[:, ids.shape[1] :].tolist(), None
+    return Sample(seconds, cpu, out[:, ids.shape[1] :].tolist(), None)
 
 
 class Engines:
@@ -216,7 +239,7 @@ def greedy_agreement(engines: Engines, names, *, rows: int = 4, prompt: int = 32
     """Greedy tokens of every engine on the same prompts: the fraction of rows equal to the first engine's."""
     vocab = engines.model.get_input_embeddings().weight.shape[0]
     prompts = random_prompts(vocab, rows, prompt, seed=12345)
-    outs = {e: engines.sample(e, prompts, new_tokens, 0, greedy=True)[1] for e in names}
+    outs = {e: engines.sample(e, prompts, new_tokens, 0, greedy=True).ids for e in names}
     ref = outs[names[0]]
     return {
         "reference": names[0],
@@ -228,7 +251,7 @@ def greedy_agreement(engines: Engines, names, *, rows: int = 4, prompt: int = 32
 
 def bench_sampling(
     model,
-    floor_tokens_per_s: float,
+    floor: dict,
     *,
     batches: tuple[int, ...] = SIZES["batches"],
     prompt: int = SIZES["prompt"],
@@ -236,8 +259,9 @@ def bench_sampling(
     repeats: int = SIZES["repeats"],
     engines: tuple[str, ...] = ENGINES,
 ) -> dict:
-    """Tokens/s of each engine at each batch size (median of `repeats`, sides interleaved, after a
-    short warm-up), the ratios to `generate` and the fractions of the floor (of `model`'s dtype);
+    """Tokens per second and per CPU-second of each engine at each batch size (median of
+    `repeats`, sides interleaved, after a short warm-up), the ratios to `generate` and the
+    fractions of the floors of `model`'s dtype (`compute_floor`: per second and per CPU-second);
     for engines on a copy in another dtype, the log-prob gap to `model` (`logprob_gap`)."""
     vocab = model.get_input_embeddings().weight.shape[0]
     runner = Engines(model)
@@ -247,32 +271,43 @@ def bench_sampling(
             prompts = random_prompts(vocab, batch, prompt, seed=batch)
             for e in engines:  # warm-up: kernels, allocator, the static engine's buffers
                 runner.sample(e, prompts, min(new_tokens, 4), 0)
-            secs: dict[str, list[float]] = {e: [] for e in engines}
-            last: dict[str, tuple] = {}
+            runs: dict[str, list[Sample]] = {e: [] for e in engines}
             for r in range(repeats):
                 for e in engines:
-                    s, ids, lps = runner.sample(e, prompts, new_tokens, r + 1)
-                    secs[e].append(s)
-                    last[e] = (ids, lps)
+                    runs[e].append(runner.sample(e, prompts, new_tokens, r + 1))
             row: dict = {"load_average": load_average()}
-            ran = batch * (prompt + new_tokens - 1)  # tokens the model processed (the last one is never fed)
             for e in engines:
-                sec = statistics.median(secs[e])
-                row[f"{e}_tokens_per_s"] = batch * new_tokens / sec
-                row[f"{e}_generated_tokens"] = sum(len(x) for x in last[e][0])
-                row[f"{e}_fraction_of_floor"] = row[f"{e}_tokens_per_s"] / floor_tokens_per_s
-                row[f"{e}_fraction_of_floor_all"] = ran / sec / floor_tokens_per_s
-                if e != "generate" and "generate" in engines:
-                    row[f"{e}_vs_generate"] = row[f"{e}_tokens_per_s"] / row["generate_tokens_per_s"]
+                row.update(_engine_row(e, runs[e], batch, prompt, new_tokens, floor))
                 if ":" in e:
-                    row[f"{e}_logprob_gap"] = logprob_gap(model, prompts, *last[e])
-            if "hf" in last and "static" in last:  # same random stream: the same tokens
-                row["hf_static_rows_equal"] = sum(a == b for a, b in zip(last["hf"][0], last["static"][0])) / batch
+                    row[f"{e}_logprob_gap"] = logprob_gap(model, prompts, runs[e][-1].ids, runs[e][-1].logprobs)
+            for e in engines:
+                if e != "generate" and "generate" in engines:
+                    for unit in ("s", "cpu_s"):
+                        row[f"{e}_vs_generate_per_{unit}"] = (
+                            row[f"{e}_tokens_per_{unit}"] / row[f"generate_tokens_per_{unit}"]
+                        )
+            if "hf" in runs and "static" in runs:  # same random stream: the same tokens
+                same = zip(runs["hf"][-1].ids, runs["static"][-1].ids)
+                row["hf_static_rows_equal"] = sum(a == b for a, b in same) / batch
             out["by_batch"][str(batch)] = row
         out["greedy_agreement"] = greedy_agreement(runner, [e for e in engines if ":" not in e], prompt=prompt)
     finally:
         runner.release()
     return out
+
+
+def _engine_row(e: str, runs: list[Sample], batch: int, prompt: int, new_tokens: int, floor: dict) -> dict:
+    """One engine's figures at one batch size: tokens per second and per CPU-second (medians),
+    generated tokens, and the fractions of the floors (generated tokens only, and `_all`: every
+    token the model ran, prompt + generated - 1, the last one never being fed)."""
+    ran = batch * (prompt + new_tokens - 1)
+    row = {f"{e}_generated_tokens": sum(len(x) for x in runs[-1].ids)}
+    for unit, secs in (("s", [r.seconds for r in runs]), ("cpu_s", [r.cpu_seconds for r in runs])):
+        sec = max(statistics.median(secs), 1e-9)
+        row[f"{e}_tokens_per_{unit}"] = batch * new_tokens / sec
+        row[f"{e}_fraction_of_floor_per_{unit}"] = row[f"{e}_tokens_per_{unit}"] / floor[f"floor_tokens_per_{unit}"]
+        row[f"{e}_fraction_of_floor_all_per_{unit}"] = ran / sec / floor[f"floor_tokens_per_{unit}"]
+    return row
 
 
 # ----------------------------------------------------------------------------- the update
@@ -313,14 +348,15 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
                 f.write("5")  # the high-water mark restarts from the current resident set
             rss_before = _cpu_rss_bytes("VmRSS")
             for u in range(1, updates + 1):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 m = trainer.one_update(u)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 t = logger.timings[-1] if logger.timings and logger.timings[-1]["update"] == u else {}
                 rollout, logprobs = t.get("rollout_s", float("nan")), t.get("logprobs_s", float("nan"))
                 rows.append(
                     {
                         "wall_s": wall,
+                        "cpu_s": cpu,  # this process's CPU time: the update on cores it has to itself
                         "rollout_s": rollout,
                         "logprobs_s": logprobs,
                         "update_s": wall - rollout - logprobs,
@@ -335,11 +371,12 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
             peak = _cpu_rss_bytes("VmHWM")
         finally:
             trainer.close()
-    med = {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "rollout_s", "logprobs_s", "update_s")}
+    med = {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "cpu_s", "rollout_s", "logprobs_s", "update_s")}
     return {
         "updates": rows,
         "median": med,
         "updates_per_hour": 3600 / med["wall_s"],
+        "updates_per_cpu_hour": 3600 / med["cpu_s"],  # an hour of CPU time of this process
         "rss_before_gib": rss_before / 2**30,
         "peak_rss_gib": peak / 2**30,
         "threads": torch.get_num_threads(),
@@ -364,9 +401,9 @@ def bench_real(cfg, *, sizes: dict | None = None, updates: int = 2, sampling: bo
     model.eval()
     out: dict = {"model": cfg.model.name, "threads": torch.get_num_threads(), "load_average_start": load_average()}
     out["parameters"] = sum(p.numel() for p in model.parameters())
-    out["floor"] = compute_floor(model)
+    out["floor"] = compute_floor(model, size.pop("matmul"))
     if sampling:
-        out["sampling"] = bench_sampling(model, out["floor"]["floor_tokens_per_s"], **size)
+        out["sampling"] = bench_sampling(model, out["floor"], **size)
     del model
     if updates:
         out["update_split"] = bench_update_split(cfg, updates)

@@ -49,27 +49,36 @@ def test_floor_is_the_matmul_rate_over_the_flops_per_token(tiny):
     model, _ = tiny
     assert matmul_gflops(n=256, repeats=2) > 0
     floor = compute_floor(model, n=256)
-    rate = floor["matmul_float32_gflop_s"]
-    assert math.isclose(floor["floor_tokens_per_s"], rate * 1e9 / floor["flops_per_token"])
+    for unit in ("s", "cpu_s"):
+        rate = floor[f"matmul_float32_gflop_per_{unit}"]
+        assert math.isclose(floor[f"floor_tokens_per_{unit}"], rate * 1e9 / floor["flops_per_token"])
     fwd = floor["forward_1x256"]
     assert fwd["tokens"] == 256 and fwd["gflop_s"] > 0
 
 
 def test_sampling_engines_do_equal_work_and_sample_the_same_tokens(tiny):
     model, _ = tiny
-    out = bench_sampling(model, 1e6, batches=(3, 1), prompt=8, new_tokens=5, repeats=1)
+    floor = {"floor_tokens_per_s": 1e6, "floor_tokens_per_cpu_s": 2e6}
+    out = bench_sampling(model, floor, batches=(3, 1), prompt=8, new_tokens=5, repeats=1)
     for batch in (3, 1):
         row = out["by_batch"][str(batch)]
-        for e in ("generate", "hf", "static"):
+        for e in ("generate", "hf", "static", "static:bfloat16"):
             assert row[f"{e}_generated_tokens"] == batch * 5  # forced: no row ended early
-            assert row[f"{e}_tokens_per_s"] > 0 and math.isfinite(row[f"{e}_tokens_per_s"])
-            assert math.isclose(row[f"{e}_fraction_of_floor"], row[f"{e}_tokens_per_s"] / 1e6)
-            # prompt + new - 1 tokens ran for every 5 generated
-            assert math.isclose(row[f"{e}_fraction_of_floor_all"], row[f"{e}_fraction_of_floor"] * 12 / 5)
-        for e in ("hf", "static"):
-            assert math.isclose(row[f"{e}_vs_generate"], row[f"{e}_tokens_per_s"] / row["generate_tokens_per_s"])
+            for unit, f in (("s", 1e6), ("cpu_s", 2e6)):
+                tps = row[f"{e}_tokens_per_{unit}"]
+                assert tps > 0 and math.isfinite(tps)
+                assert math.isclose(row[f"{e}_fraction_of_floor_per_{unit}"], tps / f)
+                # prompt + new - 1 tokens ran for every 5 generated
+                assert math.isclose(
+                    row[f"{e}_fraction_of_floor_all_per_{unit}"], row[f"{e}_fraction_of_floor_per_{unit}"] * 12 / 5
+                )
+        for e in ("hf", "static", "static:bfloat16"):
+            for unit in ("s", "cpu_s"):
+                assert math.isclose(
+                    row[f"{e}_vs_generate_per_{unit}"],
+                    row[f"{e}_tokens_per_{unit}"] / row[f"generate_tokens_per_{unit}"],
+                )
         assert row["hf_static_rows_equal"] == 1.0  # same stream, same logits: the same tokens
-        assert row["static:bfloat16_generated_tokens"] == batch * 5
         gap = row["static:bfloat16_logprob_gap"]
         assert 0 < gap["mean_abs_delta"] < 1 and gap["k3"] >= 0
     agree = out["greedy_agreement"]
@@ -79,13 +88,13 @@ def test_sampling_engines_do_equal_work_and_sample_the_same_tokens(tiny):
 def test_logprob_gap_is_zero_for_the_model_itself_and_positive_for_a_bf16_copy(tiny):
     model, _ = tiny
     prompts = random_prompts(model.config.vocab_size, 3, 6, seed=0)
-    _, ids, lps = sample_ours(model, "hf", prompts, 4, seed=0)
-    same = logprob_gap(model, prompts, ids, lps)
+    ours = sample_ours(model, "hf", prompts, 4, seed=0)
+    same = logprob_gap(model, prompts, ours.ids, ours.logprobs)
     assert same["mean_abs_delta"] < 1e-5 and abs(same["k3"]) < 1e-9
     bf16 = Engines(model)
-    _, ids, lps = bf16.sample("hf:bfloat16", prompts, 4, 0)
+    half = bf16.sample("hf:bfloat16", prompts, 4, 0)
     assert bf16.model_for("hf:bfloat16").dtype == torch.bfloat16 and model.dtype == torch.float32
-    assert logprob_gap(model, prompts, ids, lps)["mean_abs_delta"] > 1e-4
+    assert logprob_gap(model, prompts, half.ids, half.logprobs)["mean_abs_delta"] > 1e-4
 
 
 def test_never_ends_forces_every_action_to_the_token_limit(tiny):
@@ -103,17 +112,19 @@ def test_never_ends_forces_every_action_to_the_token_limit(tiny):
 
 def test_real_part_on_the_tiny_model_reports_every_side():
     cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
-    out = bench_real(cfg, sizes={"batches": (2,), "prompt": 8, "new_tokens": 3, "repeats": 1}, updates=1)
+    out = bench_real(cfg, sizes={"batches": (2,), "prompt": 8, "new_tokens": 3, "repeats": 1, "matmul": 256}, updates=1)
     assert out["parameters"] > 0 and out["floor"]["floor_tokens_per_s"] > 0
     assert out["sampling"]["by_batch"]["2"]["static_generated_tokens"] == 6
     (row,) = out["update_split"]["updates"]
     assert row["episodes"] == 4 and row["generated_tokens"] > 0
     for k in ("rollout_s", "logprobs_s", "update_s"):
         assert 0 < row[k] < row["wall_s"]
+    assert 0 < row["cpu_s"] < row["wall_s"] * out["threads"] + 1  # threads busy at most all the time
     assert math.isclose(row["rollout_s"] + row["logprobs_s"] + row["update_s"], row["wall_s"])
     split = out["update_split"]
     assert split["peak_rss_gib"] >= split["rss_before_gib"] > 0
     assert math.isclose(split["updates_per_hour"], 3600 / split["median"]["wall_s"])
+    assert math.isclose(split["updates_per_cpu_hour"], 3600 / split["median"]["cpu_s"])
 
 
 def test_trl_comparison_generates_the_same_tokens_on_both_sides():
