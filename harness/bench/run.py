@@ -118,8 +118,8 @@ def never_ends(model, token_id: int) -> Iterator[None]:
         handle.remove()
 
 
-def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int], list[int]]:
-    """Seconds of our rollout + update per step (first step is warm-up), and per timed step the
+def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[tuple[float, float]], list[int], list[int]]:
+    """(wall, CPU) seconds of our rollout + update per step (first step is warm-up), and per timed step the
     completion tokens and all tokens trained (prompts included); every action is forced to
     rollout.max_new_tokens tokens (`never_ends`)."""
     from harness.rl.trainer import Trainer
@@ -131,9 +131,9 @@ def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[i
             times, tokens, trained = [], [], []
             with never_ends(tr.policy.model, tr.policy.chat.eot_id):
                 for k in range(steps + 1):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     m = tr.one_update(k + 1)
-                    times.append(time.perf_counter() - t0)
+                    times.append((time.perf_counter() - t0, time.process_time() - c0))
                     tokens.append(int(m.get("perf/rollout_tokens", 0)))
                     trained.append(int(m.get("perf/train_tokens", 0)))
         finally:
@@ -141,8 +141,8 @@ def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[i
     return times[1:], tokens[1:], trained[1:]
 
 
-def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int], float]:
-    """Seconds per GRPOTrainer step on the same base model, LoRA config and batch shape (first
+def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[tuple[float, float]], list[int], float]:
+    """(wall, CPU) seconds per GRPOTrainer step on the same base model, LoRA config and batch shape (first
     step is warm-up), the completion tokens of each timed step (every completion forced to
     rollout.max_new_tokens by `min_new_tokens`), and the mean prompt length in tokens."""
     from datasets import Dataset
@@ -170,14 +170,14 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int]
         completion_tokens.append(sum(len(ids) for ids in completion_ids or []))
         return [float(c.strip().lower() in valid) for c in completions]
 
-    times: list[float] = []
+    times: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *a, **k):
-            times.append(time.perf_counter() - self.t0)
+            times.append((time.perf_counter() - self.t0, time.process_time() - self.c0))
 
     ro, lora = cfg.rollout, cfg.model.lora
     n = ro.tasks_per_update * ro.group_size
@@ -216,16 +216,21 @@ def trl_step_seconds(cfg: RunConfig, steps: int) -> tuple[list[float], list[int]
 
 
 def bench_trl(cfg: RunConfig, steps: int) -> dict:
-    """One update of ours vs one GRPOTrainer step, the same number of generated tokens on both sides."""
+    """One update of ours vs one GRPOTrainer step, the same number of generated tokens on both
+    sides; seconds of wall time and of this process's CPU time (less sensitive to other load)."""
     ours, tokens, trained = ours_update_seconds(cfg, steps)
     trl, trl_tokens, trl_prompt = trl_step_seconds(cfg, steps)
     n = cfg.rollout.tasks_per_update * cfg.rollout.group_size
-    ours_s, trl_s = statistics.median(ours), statistics.median(trl)
+    ours_s, trl_s = statistics.median(t[0] for t in ours), statistics.median(t[0] for t in trl)
+    ours_cpu, trl_cpu = statistics.median(t[1] for t in ours), statistics.median(t[1] for t in trl)
     ours_tok, trl_tok = statistics.median(tokens), statistics.median(trl_tokens)
     return {
         "ours_s": ours_s,
         "trl_s": trl_s,
         "ratio": ours_s / trl_s,
+        "ours_cpu_s": ours_cpu,
+        "trl_cpu_s": trl_cpu,
+        "ratio_cpu": ours_cpu / trl_cpu,
         "ours_completion_tokens": ours_tok,  # per step, measured
         "trl_completion_tokens": trl_tok,
         "forced_completion_tokens": n * cfg.rollout.max_new_tokens,

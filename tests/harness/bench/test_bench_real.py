@@ -132,6 +132,7 @@ def test_trl_comparison_generates_the_same_tokens_on_both_sides():
     out = bench_trl(cfg, steps=1)
     assert out["ours_completion_tokens"] == out["trl_completion_tokens"] == out["forced_completion_tokens"] == 24
     assert math.isclose(out["ratio"], out["ours_s"] / out["trl_s"])
+    assert math.isclose(out["ratio_cpu"], out["ours_cpu_s"] / out["trl_cpu_s"])
     assert math.isclose(out["ours_tokens_per_s"], 24 / out["ours_s"])
     assert math.isclose(out["trl_tokens_per_s"], 24 / out["trl_s"])
     assert out["ours_prompt_tokens_per_episode"] > 0 and out["trl_prompt_tokens_per_episode"] > 0
