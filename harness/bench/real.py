@@ -313,53 +313,66 @@ def _engine_row(e: str, runs: list[Sample], batch: int, prompt: int, new_tokens:
 # ----------------------------------------------------------------------------- the update
 
 
-class _TimingsLogger:
-    """A run logger that keeps the update timings (timings.jsonl rows) and drops the rest."""
-
-    def __init__(self):
-        self.timings: list[dict] = []
-
+class _NullLogger:
     def log(self, *a) -> None: ...
     def log_samples(self, *a) -> None: ...
     def log_eval_tasks(self, *a) -> None: ...
+    def log_timings(self, *a) -> None: ...
     def truncate_after(self, *a) -> None: ...
 
-    def log_timings(self, update: int, seconds: dict) -> None:
-        self.timings.append({"update": update, **seconds})
+
+def _timed_update(trainer, cfg, update: int) -> tuple[dict, dict]:
+    """(metrics, times) of one synchronous update, as `Trainer.one_update` runs it (rollout worker,
+    then learner), with wall and process CPU seconds of the rollout, of the behaviour and reference
+    log-probs and of the rest of the update."""
+    from harness.rl.turns import turn_budget_at
+
+    budget = turn_budget_at(update - 1, cfg.turns)
+    t0, c0 = time.perf_counter(), time.process_time()
+    batch = trainer.worker.rollout(update, budget)
+    t1, c1 = time.perf_counter(), time.process_time()
+    metrics, seconds = trainer.learner.learn(batch, budget)
+    t2, c2 = time.perf_counter(), time.process_time()
+    seconds = seconds or {}
+    lp, lp_cpu = seconds.get("logprobs_s", 0.0), seconds.get("logprobs_cpu_s", 0.0)
+    times = {
+        "wall_s": t2 - t0,
+        "rollout_s": t1 - t0,
+        "logprobs_s": lp,
+        "update_s": t2 - t1 - lp,
+        "cpu_s": c2 - c0,  # this process's CPU time: what the update costs on cores it has to itself
+        "rollout_cpu_s": c1 - c0,
+        "logprobs_cpu_s": lp_cpu,
+        "update_cpu_s": c2 - c1 - lp_cpu,
+    }
+    return metrics, times
 
 
 def bench_update_split(cfg, updates: int = 2) -> dict:
-    """`updates` training updates of `cfg` (no evaluation): seconds of each split into rollout,
-    behaviour + reference log-probs and the rest of the update (advantages, the epochs of gradient
-    steps, diagnostics), episodes and tokens, and the peak resident memory of the process while
-    they ran (model, optimizer, rollout and update together; Linux)."""
+    """`updates` training updates of `cfg` (no evaluation): wall and CPU seconds of each split into
+    rollout, behaviour + reference log-probs and the rest of the update (advantages, the epochs of
+    gradient steps, diagnostics), episodes and tokens, the sampler/behaviour mismatch, and the
+    peak resident memory of the process while they ran (model, optimizer, rollout and update
+    together; Linux)."""
     from harness.bench.memory import _cpu_rss_bytes
     from harness.rl.trainer import Trainer
 
     d = cfg.model_dump()
     d["train"].update({"eval_every": 0, "mi_every": 0})
+    d["rollout"].update({"concurrent": False})
     cfg = type(cfg).model_validate(d)
-    logger = _TimingsLogger()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, Path(tmp), logger)
+        trainer = Trainer(cfg, Path(tmp), _NullLogger())
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # the high-water mark restarts from the current resident set
             rss_before = _cpu_rss_bytes("VmRSS")
             for u in range(1, updates + 1):
-                t0, c0 = time.perf_counter(), time.process_time()
-                m = trainer.one_update(u)
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                t = logger.timings[-1] if logger.timings and logger.timings[-1]["update"] == u else {}
-                rollout, logprobs = t.get("rollout_s", float("nan")), t.get("logprobs_s", float("nan"))
+                m, times = _timed_update(trainer, cfg, u)
                 rows.append(
                     {
-                        "wall_s": wall,
-                        "cpu_s": cpu,  # this process's CPU time: the update on cores it has to itself
-                        "rollout_s": rollout,
-                        "logprobs_s": logprobs,
-                        "update_s": wall - rollout - logprobs,
+                        **times,
                         "episodes": int(m["perf/episodes"]),
                         "generated_tokens": int(m["perf/rollout_tokens"]),
                         "train_tokens": int(m.get("perf/train_tokens", 0)),
@@ -371,7 +384,7 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
             peak = _cpu_rss_bytes("VmHWM")
         finally:
             trainer.close()
-    med = {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "cpu_s", "rollout_s", "logprobs_s", "update_s")}
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")}
     return {
         "updates": rows,
         "median": med,

@@ -60,7 +60,7 @@ class Learner:
         if c.algo.distill.coef > 0:  # the teacher's log-probs, with the judge's hints (algo.distill)
             teacher = teacher_stream(self.teacher, self.policy.chat, kept, c, train.stream_mask.shape[1])
             train = replace(train, teacher_logp=teacher.logp, distill_mask=teacher.mask)
-        split: dict[str, float] = {}  # logprobs_s: the behaviour and reference log-probs' share of update_s
+        split: dict[str, float] = {}  # logprobs_s, logprobs_cpu_s: the behaviour and reference log-probs' share
         metrics.update(run_update(self.policy, self.optimizer, train, c, stream(c.train.seed, update, 99), split))
         metrics.update(self.diagnostics(update, batch.all_eps))
         metrics["train/skipped_empty"] = 0.0

@@ -214,13 +214,14 @@ def run_update(
     seconds: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """One update on `batch`; returns its metrics, reduced once at the end. seconds: if a dict,
-    `logprobs_s` (wall time of the behaviour and reference log-probs) is set in it; wall times
-    stay out of the metrics, which are bit-identical for the same config and seed."""
+    `logprobs_s` and `logprobs_cpu_s` (wall and process CPU time of the behaviour and reference
+    log-probs) are set in it; times stay out of the metrics, which are bit-identical for the same
+    config and seed."""
     a = cfg.algo
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fwd = behaviour_forward(policy, batch, cfg)  # eval mode
     if seconds is not None:
-        seconds["logprobs_s"] = time.perf_counter() - t0
+        seconds.update(logprobs_s=time.perf_counter() - t0, logprobs_cpu_s=time.process_time() - c0)
     adv, returns = advantages(batch, fwd, cfg)
     distilled = None
     if a.distill.coef > 0 and batch.teacher_logp is not None:  # algo.distill: after normalisation, unclipped
