@@ -41,7 +41,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.rl.behaviour import advantages, behaviour_forward
 from harness.rl.update import _micro_batches, _minibatch_step, make_optimizer, run_update
-from tests.helpers.update import NO_CORRECTION, Env, perturb, raw_config
+from tests.helpers.update import NO_CORRECTION, Env, grads, perturb, raw_config
 
 # the tiny model and budgets of the trainer tests, with shorter episodes and one update
 CLIP = [
@@ -174,7 +174,7 @@ def check(env: Env, c: dict) -> None:
     perturb(policy, 11)
     policy.model.train()
     rows = torch.arange(batch.num_rows)
-    grads = []
+    found = []
     budget = int(batch.attention_mask.sum(1).max()) * 2  # token-budget micro-batches of about two rows
     for size, tokens in ((batch.num_rows, 0), (1, 0), (batch.num_rows, budget)):
         cfg_size = cfg.model_copy(
@@ -183,9 +183,9 @@ def check(env: Env, c: dict) -> None:
         policy.model.zero_grad(set_to_none=True)
         policy.value_head.zero_grad(set_to_none=True)
         _minibatch_step(policy, batch, rows, adv, returns, fwd, cfg_size, {})
-        grads.append(grads(policy))
+        found.append(grads(policy))
     policy.model.eval()
-    full, one, packed = grads  # (a zero gradient is legitimate: e.g. groups without reward variance and no KL term)
+    full, one, packed = found  # (a zero gradient is legitimate: e.g. groups without reward variance and no KL term)
     assert len(_micro_batches(batch, rows, 1)) > 1  # the split really happened
     assert len(_micro_batches(batch, rows, batch.num_rows, budget)) > 1
     for other in (one, packed):

@@ -17,7 +17,7 @@ from harness.rl.update import _micro_batches, _minibatch_step
 from tests.helpers import baseline as baseline_run
 from tests.helpers.configs import merge
 from tests.helpers.episodes import PAD, episode
-from tests.helpers.update import cfg_of, perturb
+from tests.helpers.update import cfg_of, grads, perturb
 
 
 def test_the_observation_mask_holds_the_segments_after_the_prompt_but_not_complaints():
@@ -58,7 +58,7 @@ def test_the_term_is_the_mean_observation_nll_and_micro_batching_changes_nothing
     adv, returns = advantages(batch, fwd, cfg)
     perturb(t.policy, 3)
     rows = torch.arange(batch.num_rows)
-    grads = {}
+    found = {}
     for coef, size in ((0.5, batch.num_rows), (0.5, 1), (0.0, batch.num_rows)):
         c = cfg.model_copy(deep=True)
         c.algo.obs_sft.coef, c.algo.micro_batch_size = coef, size
@@ -66,12 +66,12 @@ def test_the_term_is_the_mean_observation_nll_and_micro_batching_changes_nothing
         t.policy.model.zero_grad(set_to_none=True)
         sums: dict = {}
         _minibatch_step(t.policy, batch, rows, adv, returns, fwd, c, sums)
-        grads[(coef, size)] = grads(t.policy)
+        found[(coef, size)] = grads(t.policy)
         if coef:
             assert "loss/obs_sft" in sums
     t.policy.model.eval()
     assert len(_micro_batches(batch, rows, 1)) > 1
-    full, one, off = grads[(0.5, batch.num_rows)], grads[(0.5, 1)], grads[(0.0, batch.num_rows)]
+    full, one, off = found[(0.5, batch.num_rows)], found[(0.5, 1)], found[(0.0, batch.num_rows)]
     assert (full - one).norm() <= 1e-5 * full.norm()
     assert (full - off).norm() > 1e-3 * full.norm()
 
