@@ -72,10 +72,17 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def cluster_bootstrap(errors: list[int], turns: list[int], reps: int = BOOTSTRAP) -> tuple[float, float]:
-    """95% percentile interval of sum(errors) / sum(turns), resampling whole episodes (seeded)."""
+    """95% percentile interval of sum(errors) / sum(turns), resampling whole episodes (seeded).
+
+    When no turn or every turn is an error, every resample gives the same rate and the percentile
+    interval collapses to a point ([0, 0] for 0/199 turns), which claims a certainty 32 episodes do not
+    give. There the interval is Wilson's over episodes instead (episodes with an error / episodes): the
+    episode is the independent unit, so this is the conservative count of trials."""
     e, t = np.asarray(errors, dtype=float), np.asarray(turns, dtype=float)
     if t.sum() == 0:
         return (0.0, 1.0)
+    if e.sum() == 0 or e.sum() == t.sum():
+        return wilson(int((e > 0).sum()), len(e))
     idx = np.random.default_rng(0).integers(0, len(e), size=(reps, len(e)))  # (reps, n)
     rates = e[idx].sum(1) / np.maximum(t[idx].sum(1), 1)
     return (float(np.quantile(rates, 0.025)), float(np.quantile(rates, 0.975)))

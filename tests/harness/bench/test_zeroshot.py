@@ -28,7 +28,12 @@ def test_episode_bootstrap_brackets_the_rate_and_is_seeded():
     errors, turns = [0, 8, 1, 0, 8, 2], [8, 8, 8, 4, 8, 8]
     lo, hi = cluster_bootstrap(errors, turns)
     assert lo < sum(errors) / sum(turns) < hi and cluster_bootstrap(errors, turns) == (lo, hi)
-    assert cluster_bootstrap([0, 0], [3, 5]) == (0.0, 0.0)
+    # no error (or only errors) in 32 episodes: the percentile interval would be the point [0, 0]; it is
+    # Wilson's over the 32 episodes instead, 0 to 0.107
+    lo, hi = cluster_bootstrap([0] * 32, [6] * 32)
+    assert lo == 0.0 and round(hi, 3) == 0.107
+    lo, hi = cluster_bootstrap([6] * 32, [6] * 32)
+    assert round(lo, 3) == 0.893 and hi == 1.0
 
 
 def _step(fmt: bool, raw=None, lps=(-0.1,), n=1):
