@@ -113,37 +113,17 @@ def kv_bytes(model, batch: int, context: int) -> int:
     return 2 * c.num_hidden_layers * batch * c.num_key_value_heads * head_dim * context * elem
 
 
-def _prompts(vocab: int, batch: int, prompt: int, seed: int) -> list[list[int]]:
+def random_prompts(vocab: int, batch: int, prompt: int, seed: int) -> list[list[int]]:
+    """`batch` prompts of `prompt` uniformly random token ids (seeded)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, prompt), generator=g).tolist()
 
 
 def _time_ours(model, backend: str, prompts, new_tokens: int, seed: int) -> float:
     """Seconds to sample `new_tokens` for every row (prefill included) with our sampler."""
-    from harness.rl.engines import kv_batch
-    from harness.rl.rollout import generate_turn
+    from harness.bench.real import sample_ours  # (real imports this module)
 
-    device = str(next(model.parameters()).device)
-    kv = kv_batch(model, 0, backend)
-    kv.reset(len(prompts))
-    _sync(device)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = generate_turn(
-            kv,
-            prompts,
-            None,
-            eot_id=-1,  # never ends: every row generates all new_tokens
-            max_new_tokens=new_tokens,
-            temperature=1.0,
-            top_p=1.0,
-            greedy=False,
-            generator=torch.Generator().manual_seed(seed),
-        )
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    assert all(len(ids) == new_tokens for ids in out.ids)
-    return seconds
+    return sample_ours(model, backend, prompts, new_tokens, seed).seconds
 
 
 def _time_generate(model, prompts, new_tokens: int, seed: int) -> float:
@@ -200,7 +180,7 @@ def bench_engines(
         "by_batch": {},
     }
     for batch in batches:
-        prompts = _prompts(vocab, batch, prompt, seed=batch)
+        prompts = random_prompts(vocab, batch, prompt, seed=batch)
         row: dict = {}
         for engine in engines:
             run = (

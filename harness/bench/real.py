@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from harness.bench.engines import _sync, random_prompts
+
 SIZES = {"batches": (32, 1), "prompt": 32, "new_tokens": 64, "repeats": 3, "matmul": 2048}
 ENGINES = ("generate", "hf", "static", "static:bfloat16")
 MISMATCH_KEYS = ("diag/logprob_mismatch", "diag/logprob_mismatch_max", "diag/mismatch_k3", "diag/mismatch_ess")
@@ -134,19 +136,16 @@ class Sample:
     logprobs: list[list[float]] | None  # the sampler's log-probs of its tokens (None: generate)
 
 
-def random_prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (batch, length), generator=g).tolist()
-
-
 def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy: bool = False):
     """Our sampler on engine `backend` (a `Sample`): every row generates `new_tokens` (no end
     token), prefill included."""
     from harness.rl.engines import kv_batch
     from harness.rl.rollout import generate_turn
 
+    device = str(next(model.parameters()).device)
     kv = kv_batch(model, 0, backend)
     kv.reset(len(prompts))
+    _sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = generate_turn(
@@ -160,6 +159,7 @@ def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy
             greedy=greedy,
             generator=torch.Generator().manual_seed(seed),
         )
+    _sync(device)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     if any(len(ids) != new_tokens for ids in out.ids):
         raise RuntimeError(f"{backend}: a row did not generate {new_tokens} tokens")
