@@ -140,6 +140,10 @@ class SweepProgress:
             update = int(info.get("update", run.update + 1))
             run.updates = int(info.get("updates", run.updates))
             steps = update - run.update
+            if steps > 1 and run.setup_s is None:
+                # a resumed point's first update: the ones before it ran in an earlier process, so the
+                # time since its set-up is one update's, not `update`'s (it read 19x too fast at update 19)
+                steps = 1
             if steps > 0 and run.setup_s is None:
                 run.setup_s = run.last_tick - run.started
                 self.setups.append(run.setup_s)

@@ -100,3 +100,19 @@ def test_point_eta_uses_finished_points_rate():
     for p, u, _, _, point_eta in seen:
         if p > 0:
             assert point_eta == pytest.approx((UPDATES - u) * 60.0 / UPDATES)  # 60 s per 30 updates
+
+
+def test_a_resumed_point_counts_its_first_update_as_one():
+    # resumed from a checkpoint at update 18: its first reported update is 19, 10 s after its set-up
+    clock = Clock()
+    progress = SweepProgress(Console(file=io.StringIO(), force_terminal=False, width=200), plain_every_s=0, clock=clock)
+    progress.begin("s", total=1, finished=0, to_run_updates=[UPDATES])
+    progress.point_start("p", UPDATES)
+    clock.now += 20.0
+    progress.point_update("p", {"stage": "held-out evaluation at update 0", "done": 1, "total": 1})
+    clock.now += 10.0
+    progress.point_update("p", {"update": 19, "updates": UPDATES})
+    assert progress._point_eta(progress.running["p"]) == pytest.approx(10.0 * (UPDATES - 19))
+    clock.now += 10.0
+    progress.point_update("p", {"update": 20, "updates": UPDATES})
+    assert progress._point_eta(progress.running["p"]) == pytest.approx(10.0 * (UPDATES - 20))
