@@ -128,28 +128,9 @@ def _time_ours(model, backend: str, prompts, new_tokens: int, seed: int) -> floa
 
 def _time_generate(model, prompts, new_tokens: int, seed: int) -> float:
     """Seconds of HF `generate` (sampling, dynamic cache, no top-k) for the same work."""
-    device = next(model.parameters()).device
-    ids = torch.tensor(prompts, device=device)
-    torch.manual_seed(seed)
-    _sync(str(device))
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-    _sync(str(device))
-    seconds = time.perf_counter() - t0
-    assert out.shape[1] == ids.shape[1] + new_tokens
-    return seconds
+    from harness.bench.real import sample_generate  # (real imports this module)
+
+    return sample_generate(model, prompts, new_tokens, seed).seconds
 
 
 def bench_engines(

@@ -168,8 +168,10 @@ def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy
 
 def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = False):
     """HF `generate` (dynamic cache, no top-k) forced to `new_tokens` (a `Sample`)."""
-    ids = torch.tensor(prompts)
+    device = str(next(model.parameters()).device)
+    ids = torch.tensor(prompts, device=device)
     torch.manual_seed(seed)
+    _sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(
@@ -184,6 +186,7 @@ def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = F
             pad_token_id=0,
             eos_token_id=None,
         )
+    _sync(device)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out.shape[1] != ids.shape[1] + new_tokens:
         raise RuntimeError(f"generate: {out.shape[1] - ids.shape[1]} new tokens instead of {new_tokens}")
@@ -315,14 +318,6 @@ def _engine_row(e: str, runs: list[Sample], batch: int, prompt: int, new_tokens:
 # ----------------------------------------------------------------------------- the update
 
 
-class _NullLogger:
-    def log(self, *a) -> None: ...
-    def log_samples(self, *a) -> None: ...
-    def log_eval_tasks(self, *a) -> None: ...
-    def log_timings(self, *a) -> None: ...
-    def truncate_after(self, *a) -> None: ...
-
-
 def _timed_update(trainer, cfg, update: int) -> tuple[dict, dict]:
     """(metrics, times) of one synchronous update, as `Trainer.one_update` runs it (rollout worker,
     then learner), with wall and process CPU seconds of the rollout, of the behaviour and reference
@@ -357,6 +352,7 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
     peak resident memory of the process while they ran (model, optimizer, rollout and update
     together; Linux). The medians leave the first update out when there are several."""
     from harness.bench.memory import _cpu_rss_bytes
+    from harness.bench.run import _NullLogger
     from harness.rl.trainer import Trainer
 
     d = cfg.model_dump()
