@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from harness.bench.timing import random_prompts, sample_generate, sample_ours, sync
+
 # Qwen2.5-0.5B / 1.5B (config.json on the hub: hidden_size, intermediate_size, layers, heads, kv
 # heads, vocabulary, tied embeddings); "small" is a CPU-sized stand-in with the same layout.
 SHAPES: dict[str, dict] = {
@@ -73,11 +75,6 @@ def random_model(shape: str, device: str, dtype: torch.dtype, *, seed: int = 0):
     return model.eval()
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def copy_bandwidth(device: str, mib: int = 1024, repeats: int = 5) -> float:
     """Bytes per second of a device-to-device copy of `mib` MiB, counting bytes read and written
     (the best of `repeats`)."""
@@ -87,10 +84,10 @@ def copy_bandwidth(device: str, mib: int = 1024, repeats: int = 5) -> float:
     b.copy_(a)
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         b.copy_(a)
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * a.numel() * a.element_size() / best
 
@@ -113,23 +110,13 @@ def kv_bytes(model, batch: int, context: int) -> int:
     return 2 * c.num_hidden_layers * batch * c.num_key_value_heads * head_dim * context * elem
 
 
-def random_prompts(vocab: int, batch: int, prompt: int, seed: int) -> list[list[int]]:
-    """`batch` prompts of `prompt` uniformly random token ids (seeded)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (batch, prompt), generator=g).tolist()
-
-
 def _time_ours(model, backend: str, prompts, new_tokens: int, seed: int) -> float:
     """Seconds to sample `new_tokens` for every row (prefill included) with our sampler."""
-    from harness.bench.real import sample_ours  # (real imports this module)
-
     return sample_ours(model, backend, prompts, new_tokens, seed).seconds
 
 
 def _time_generate(model, prompts, new_tokens: int, seed: int) -> float:
     """Seconds of HF `generate` (sampling, dynamic cache, no top-k) for the same work."""
-    from harness.bench.real import sample_generate  # (real imports this module)
-
     return sample_generate(model, prompts, new_tokens, seed).seconds
 
 
@@ -258,10 +245,10 @@ def bench_update(
             model.zero_grad(set_to_none=True)
             secs = []
             for _ in range(repeats):
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 _update_step(model, ids, mask, chunk_size)
-                _sync(device)
+                sync(device)
                 secs.append(time.perf_counter() - t0)
                 model.zero_grad(set_to_none=True)
             out[key] = {"tokens_per_s": batch * tokens / statistics.median(secs), **peak}

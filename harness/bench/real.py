@@ -34,12 +34,11 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from harness.bench.engines import _sync, random_prompts
+from harness.bench.timing import NullLogger, Sample, random_prompts, sample_generate, sample_ours
 
 SIZES = {"batches": (32, 1), "prompt": 32, "new_tokens": 64, "repeats": 3, "matmul": 2048}
 ENGINES = ("generate", "hf", "static", "static:bfloat16")
@@ -126,71 +125,6 @@ def compute_floor(model, n: int = 2048) -> dict:
 
 
 # ----------------------------------------------------------------------------- sampling
-
-
-@dataclass
-class Sample:
-    seconds: float  # wall time
-    cpu_seconds: float  # CPU time of this process (all its threads)
-    ids: list[list[int]]
-    logprobs: list[list[float]] | None  # the sampler's log-probs of its tokens (None: generate)
-
-
-def sample_ours(model, backend: str, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """Our sampler on engine `backend` (a `Sample`): every row generates `new_tokens` (no end
-    token), prefill included."""
-    from harness.rl.engines import kv_batch
-    from harness.rl.rollout import generate_turn
-
-    device = str(next(model.parameters()).device)
-    kv = kv_batch(model, 0, backend)
-    kv.reset(len(prompts))
-    _sync(device)
-    t0, c0 = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        out = generate_turn(
-            kv,
-            prompts,
-            None,
-            eot_id=-1,  # never ends: every row generates all new_tokens
-            max_new_tokens=new_tokens,
-            temperature=1.0,
-            top_p=1.0,
-            greedy=greedy,
-            generator=torch.Generator().manual_seed(seed),
-        )
-    _sync(device)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if any(len(ids) != new_tokens for ids in out.ids):
-        raise RuntimeError(f"{backend}: a row did not generate {new_tokens} tokens")
-    return Sample(seconds, cpu, out.ids, out.logprobs)
-
-
-def sample_generate(model, prompts, new_tokens: int, seed: int, greedy: bool = False):
-    """HF `generate` (dynamic cache, no top-k) forced to `new_tokens` (a `Sample`)."""
-    device = str(next(model.parameters()).device)
-    ids = torch.tensor(prompts, device=device)
-    torch.manual_seed(seed)
-    _sync(device)
-    t0, c0 = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=not greedy,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-    _sync(device)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if out.shape[1] != ids.shape[1] + new_tokens:
-        raise RuntimeError(f"generate: {out.shape[1] - ids.shape[1]} new tokens instead of {new_tokens}")
-    return Sample(seconds, cpu, out[:, ids.shape[1] :].tolist(), None)
 
 
 class Engines:
@@ -352,7 +286,6 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
     peak resident memory of the process while they ran (model, optimizer, rollout and update
     together; Linux). The medians leave the first update out when there are several."""
     from harness.bench.memory import _cpu_rss_bytes
-    from harness.bench.run import _NullLogger
     from harness.rl.trainer import Trainer
 
     d = cfg.model_dump()
@@ -361,7 +294,7 @@ def bench_update_split(cfg, updates: int = 2) -> dict:
     cfg = type(cfg).model_validate(d)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, Path(tmp), _NullLogger())
+        trainer = Trainer(cfg, Path(tmp), NullLogger())
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # the high-water mark restarts from the current resident set

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from harness.bench.timing import NullLogger
 from harness.config.schema import RunConfig
 
 
@@ -81,14 +82,6 @@ def qwen05b_shaped_head_model() -> torch.nn.Module:
     return model
 
 
-class _NullLogger:
-    def log(self, *a) -> None: ...
-    def log_samples(self, *a) -> None: ...
-    def log_eval_tasks(self, *a) -> None: ...
-    def log_timings(self, *a) -> None: ...
-    def truncate_after(self, *a) -> None: ...
-
-
 def _single_turn(cfg: RunConfig) -> RunConfig:
     """The single-turn case of the comparison: one turn, no evaluation, no MI proxy, no constraint
     (TRL samples unconstrained)."""
@@ -126,7 +119,7 @@ def ours_update_seconds(cfg: RunConfig, steps: int) -> tuple[list[tuple[float, f
 
     cfg = _single_turn(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        tr = Trainer(cfg, Path(tmp), _NullLogger())
+        tr = Trainer(cfg, Path(tmp), NullLogger())
         try:
             times, tokens, trained = [], [], []
             with never_ends(tr.policy.model, tr.policy.chat.eot_id):
@@ -334,7 +327,7 @@ def _train_seconds(cfg: RunConfig) -> tuple[float, list[dict]]:
     """Wall time of the whole training loop (`harness.rl.trainer.train`) and its metric rows."""
     from harness.rl.trainer import train
 
-    class Rows(_NullLogger):
+    class Rows(NullLogger):
         def __init__(self):
             self.rows: list[dict] = []
 
