@@ -110,16 +110,6 @@ def kv_bytes(model, batch: int, context: int) -> int:
     return 2 * c.num_hidden_layers * batch * c.num_key_value_heads * head_dim * context * elem
 
 
-def _time_ours(model, backend: str, prompts, new_tokens: int, seed: int) -> float:
-    """Seconds to sample `new_tokens` for every row (prefill included) with our sampler."""
-    return sample_ours(model, backend, prompts, new_tokens, seed).seconds
-
-
-def _time_generate(model, prompts, new_tokens: int, seed: int) -> float:
-    """Seconds of HF `generate` (sampling, dynamic cache, no top-k) for the same work."""
-    return sample_generate(model, prompts, new_tokens, seed).seconds
-
-
 def bench_engines(
     shape: str,
     *,
@@ -152,9 +142,9 @@ def bench_engines(
         row: dict = {}
         for engine in engines:
             run = (
-                (lambda s, n, p=prompts, m=model: _time_generate(m, p, n, s))
+                (lambda s, n, p=prompts, m=model: sample_generate(m, p, n, s).seconds)
                 if engine == "generate"
-                else (lambda s, n, p=prompts, e=engine, m=model: _time_ours(m, e, p, n, s))
+                else (lambda s, n, p=prompts, e=engine, m=model: sample_ours(m, e, p, n, s).seconds)
             )
             # warm-up (kernels, allocator, the graph of the slot bucket): a few tokens suffice
             run(0, min(new_tokens, 16))
