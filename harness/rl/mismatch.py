@@ -85,7 +85,7 @@ def _masked_fractions(batch: TrainBatch, corr: Correction, cfg: RunConfig) -> di
     lm = batch.loss_mask.bool()
     seq = sequence_ids(batch, cfg)[lm]
     inv, n = dense_ids(seq)
-    hits = torch.zeros(n).index_add_(0, inv, corr.masked[lm].float())  # (sequences,) masked tokens
+    hits = torch.zeros(n, device=inv.device).index_add_(0, inv, corr.masked[lm].float())  # (sequences,) masked tokens
     return {
         "diag/mismatch_masked_token_frac": masked_mean(corr.masked.float(), batch.loss_mask),
         "diag/mismatch_masked_seq_frac": (hits > 0).float().mean() if n else torch.tensor(0.0),

@@ -90,7 +90,7 @@ def _update_diagnostics(batch: TrainBatch, fwd: Forward, adv: torch.Tensor) -> d
         "diag/logprob_mismatch_max": ((fwd.old_logp - batch.sampler_logp).abs() * m).max(),
         "diag/adv_mean": masked_mean(adv, batch.loss_mask),
         "diag/adv_abs_mean": masked_mean(adv.abs(), batch.loss_mask),
-        "diag/rows": torch.tensor(float(batch.num_rows)),
+        "diag/rows": torch.tensor(float(batch.num_rows), device=m.device),
         "diag/trained_tokens": batch.loss_mask.sum(),
         # the behaviour policy's full-vocabulary entropy, a plain mean over action tokens (no algo.agg)
         "diag/entropy": masked_mean(fwd.entropy, m),
@@ -255,5 +255,8 @@ def run_update(
         reduced.update(distilled)
     reduced.update(mismatch_diagnostics(batch, fwd.old_logp, corr, cfg))
     names = list(reduced)
-    values = torch.stack([reduced[k].float() for k in names]).tolist()  # one sync point
+    # some values are made on the CPU (the seq-mask share, NaN placeholders): on CUDA, gather them on
+    # the device of the log-probs before the single transfer (a GPU check caught the mixed stack)
+    dev = fwd.old_logp.device
+    values = torch.stack([reduced[k].float().to(dev) for k in names]).tolist()  # one sync point
     return dict(zip(names, values))

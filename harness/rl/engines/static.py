@@ -122,15 +122,19 @@ class StaticKVBatch:
         if (need_r, need_s) == (have_r, have_s):
             return
         shape = (len(self.layers), need_r, self.n_kv, need_s, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        mask = torch.zeros(need_r, need_s, dtype=torch.bool, device=self.device)
-        length = torch.zeros(need_r, dtype=torch.long, device=self.device)
+        # plain tensors even when the cache grows under a caller's torch.inference_mode: an inference
+        # tensor cannot be written in place outside it, which the next `reset` does (an H200 bench
+        # whose prompts outgrew the first allocation failed so)
+        with torch.inference_mode(False):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            mask = torch.zeros(need_r, need_s, dtype=torch.bool, device=self.device)
+            length = torch.zeros(need_r, dtype=torch.long, device=self.device)
         if self.k is not None:
             k[:, :have_r, :, :have_s], v[:, :have_r, :, :have_s] = self.k, self.v
             mask[:have_r, :have_s], length[:have_r] = self.mask, self.length
         self.k, self.v, self.mask, self.length = k, v, mask, length
-        self._graphs.clear()  # they hold the old buffers' addresses
+        self._drop_graphs()  # they hold the old buffers' addresses
         self._decode_inputs = None
 
     def release(self) -> None:
@@ -139,13 +143,21 @@ class StaticKVBatch:
         self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (rows_cap, slots_cap) real slots
         self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # (rows_cap,) real tokens
         self.rows = self.slots = 0  # rows in use; slots in use (the same for every row)
-        self._graphs.clear()
+        self._drop_graphs()
         self._decode_inputs = None
+
+    def _drop_graphs(self) -> None:
+        """Forget the captured graphs and their memory pool. Once its last graph is gone PyTorch frees
+        a private pool, and a capture into the stale handle fails an internal assert of the caching
+        allocator (`use_count > 0`; seen on an H200 after the first LoRA update changed the adapters):
+        the next capture takes a new pool."""
+        self._graphs.clear()
+        self._pool = None
 
     def reset(self, rows: int) -> None:
         state = _adapter_state(self.model)
         if state != self._adapters:
-            self._graphs.clear()
+            self._drop_graphs()
             self._adapters = state
         self._ensure(rows, 1)
         self.mask.zero_()
@@ -242,6 +254,15 @@ class StaticKVBatch:
         x = self.decoder.embed_tokens(inp["ids"][:Bb])
         return self._layers_forward(x, inp["pos"][:Bb], attend, write, Bb, Tb)
 
+    def _new_decode_inputs(self, cap: int) -> dict[str, torch.Tensor]:
+        """The decode step's input buffers for `cap` rows (a captured graph reads these addresses)."""
+        return {
+            "ids": torch.full((cap, 1), self.pad_id, dtype=torch.long, device=self.device),
+            "pos": torch.zeros(cap, 1, dtype=torch.long, device=self.device),
+            "real": torch.zeros(cap, 1, dtype=torch.bool, device=self.device),
+            "slot": torch.zeros(1, dtype=torch.long, device=self.device),
+        }
+
     def _decode(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         B, T0 = ids.shape[0], self.slots
         self._ensure(B, T0 + 1)
@@ -249,12 +270,8 @@ class StaticKVBatch:
         Tb = min(-(-(T0 + 1) // SLOT_BUCKET) * SLOT_BUCKET, self.capacity[1])
         cap = self.capacity[0]
         if self._decode_inputs is None:
-            self._decode_inputs = {
-                "ids": torch.full((cap, 1), self.pad_id, dtype=torch.long, device=self.device),
-                "pos": torch.zeros(cap, 1, dtype=torch.long, device=self.device),
-                "real": torch.zeros(cap, 1, dtype=torch.bool, device=self.device),
-                "slot": torch.zeros(1, dtype=torch.long, device=self.device),
-            }
+            with torch.inference_mode(False):  # written in place on every step: plain tensors
+                self._decode_inputs = self._new_decode_inputs(cap)
         inp = self._decode_inputs
         inp["ids"][:B] = ids
         inp["ids"][B:] = self.pad_id

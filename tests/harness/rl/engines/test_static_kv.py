@@ -189,6 +189,36 @@ def test_lora_switched_off_drops_the_graphs(chat):
         assert not kv._graphs
 
 
+def test_cache_grown_under_inference_mode_is_reset_outside_it(chat):
+    """A caller may sample under torch.inference_mode (the bench does): a cache that grows there must
+    still be reset outside it (an H200 bench failed with "Inplace update to inference tensor")."""
+    model = qwen(len(chat.tokenizer))
+    kv = StaticKVBatch(model, chat.pad_id, graphs=False, buckets=True)
+    kv.reset(2)
+    with torch.inference_mode():
+        kv.prefill([[5] * 300, [6] * 300])  # past the first allocation of 256 slots
+        kv.feed(torch.tensor([[7], [8]]), torch.ones(2, 1, dtype=torch.bool))
+    assert kv.capacity[1] > static_kv.MIN_SLOTS
+    kv.reset(2)
+    assert kv.length.tolist()[:2] == [0, 0]
+    assert not any(t.is_inference() for t in (kv.k, kv.v, kv.mask, kv.length, *kv._decode_inputs.values()))
+
+
+def test_dropping_the_graphs_drops_their_pool(chat):
+    """PyTorch frees a graph pool with its last graph; capturing into the stale handle fails an
+    allocator assert on CUDA, so the engine forgets the handle with the graphs."""
+    model = with_lora(qwen(len(chat.tokenizer)))
+    kv = StaticKVBatch(model, chat.pad_id, graphs=False, buckets=True)
+    kv.reset(2)
+    kv._graphs[(1, 1)], kv._pool = ("stand-in",), ("pool",)
+    with model.disable_adapter():
+        kv.reset(2)
+    assert not kv._graphs and kv._pool is None
+    kv._graphs[(1, 1)], kv._pool = ("stand-in",), ("pool",)
+    kv._ensure(2, 5000)  # regrown buffers: new addresses
+    assert not kv._graphs and kv._pool is None
+
+
 # ----------------------------------------------------------------------------- GPU
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -229,3 +259,9 @@ def test_cuda_graphs_replay_the_eager_step(chat, dtype):
     eager_after = run(model, chat, TASKS, cfg, seed=3)
     check(eager_after, graphed_after)
     assert steps(eager_after) != steps(eager)  # the update changed the policy
+    # the adapters switched off (reference log-probs, the judge) and on again drop the graphs and
+    # their pool twice; the captures after that must not reuse the freed pool (an allocator assert)
+    static_kv._ENGINES[model] = engine
+    with model.disable_adapter():
+        run(model, chat, TASKS, cfg, seed=3)
+    check(graphed_after, run(model, chat, TASKS, cfg, seed=3))
