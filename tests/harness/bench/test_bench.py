@@ -2,21 +2,54 @@
 
 import math
 
+import pytest
 import torch
 
 from harness.bench.run import run_bench
 from tests.helpers.configs import cfg_with
 
 
-def test_bench_reports_both_sides_and_ratios():
-    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
-    out = run_bench(cfg, steps=1, parts=("memory", "trl"))
-    mem = out["logprob_peak_memory"]
-    assert mem["naive_bytes"] > 0 and mem["chunked_bytes"] > 0
-    assert math.isclose(mem["ratio"], mem["chunked_bytes"] / mem["naive_bytes"], rel_tol=1e-6)
+def _small_head_model() -> torch.nn.Module:
+    """The Qwen2.5-0.5B-shaped head at a 4,096-token vocabulary: the same code path, ~1/40 of the work."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.bench.engines import SHAPES
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**SHAPES["0.5b"], "num_hidden_layers": 1, "vocab_size": 4096})).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _check_both_sides(out: dict, vocab: int) -> None:
+    for key in ("logprob_peak_memory", "logprob_peak_memory_qwen05b_head"):
+        mem = out[key]
+        assert mem["naive_bytes"] > 0 and mem["chunked_bytes"] > 0 and mem["isolated"]
+        assert math.isclose(mem["ratio"], mem["chunked_bytes"] / mem["naive_bytes"], rel_tol=1e-6)
+    # the naive side holds the (tokens x vocab) log-softmax and its gradient: it must cost more
+    head = out["logprob_peak_memory_qwen05b_head"]
+    assert head["naive_bytes"] - head["chunked_bytes"] > head["tokens"] * vocab * 4 // 2
     trl = out["update_vs_trl_grpo"]
     assert trl["ours_s"] > 0 and trl["trl_s"] > 0 and trl["episodes"] == 4
     assert math.isclose(trl["ratio"], trl["ours_s"] / trl["trl_s"])
+
+
+def test_bench_reports_both_sides_and_ratios(monkeypatch):
+    """The memory and TRL parts end to end, the Qwen-shaped head at a small vocabulary (the full one
+    is the slow test below: 150k x 896 weights, saved and loaded by two fresh processes, ~5 minutes
+    of the fast suite on 2 cores)."""
+    import harness.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "qwen05b_shaped_head_model", _small_head_model)
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
+    _check_both_sides(run_bench(cfg, steps=1, parts=("memory", "trl")), 4096)
+
+
+@pytest.mark.slow
+def test_bench_reports_both_sides_and_ratios_at_the_qwen_head():
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 2, "max_new_tokens": 4})
+    _check_both_sides(run_bench(cfg, steps=1, parts=("memory", "trl")), 151936)
 
 
 def test_concurrent_bench_times_both_loops_on_the_same_updates():

@@ -21,6 +21,7 @@ from harness.experiments.sweep import load_sweep
 from harness.experiments.tracking import RunLogger
 from harness.store import atomic_write_text, read_jsonl
 from tests.helpers import REPO  # noqa: E402
+from tests.helpers.configs import SMALL_SHAPE
 from tests.helpers.sweeps import BASE, calls, check_complete, make_sweep, opts
 from tests.support import fake_trainer
 from tests.support.pause import pause_at, paused, resume, start_interruptible, wait_until
@@ -355,6 +356,8 @@ def test_real_trainer_same_config_and_seed_give_identical_metrics_on_cpu(tmp_pat
         "rollout.tasks_per_update=2",
         "model.tiny.pretrain_demos=8",
         "model.tiny.pretrain_epochs=1",
+        # the one-layer shape of the fast tests (the paths are the config's; ~1/3 of the time)
+        *(f"model.tiny.{k}={v}" for k, v in SMALL_SHAPE.items()),
         "env.heldout_tasks=2",
         "train.checkpoint_every=0",
         "train.device=cpu",
