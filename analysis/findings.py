@@ -90,10 +90,11 @@ def rows(name: str, question: str, table, margin: float) -> list[list[str]]:
     return out
 
 
-def markdown(table_rows: list[list[str]]) -> list[str]:
+def markdown(table_rows: list[list[str] | str]) -> list[str]:
+    """The findings table; a row given as a string is an already written markdown row (kept verbatim)."""
     esc = lambda s: s.replace("|", r"\|")  # noqa: E731
     head = ["| sweep | question | answer | Δ [95% CI] | verdict |", "| :-- | :-- | :-- | --: | :-- |"]
-    return head + ["| " + " | ".join(esc(c) for c in r) + " |" for r in table_rows]
+    return head + [r if isinstance(r, str) else "| " + " | ".join(esc(c) for c in r) + " |" for r in table_rows]
 
 
 def baseline_runs(results: pd.DataFrame) -> frozenset[str]:

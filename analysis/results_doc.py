@@ -10,7 +10,10 @@ file under `sweeps` (Optuna studies are listed, not tabulated): the command line
 results, the seeds and the code version (from the points' summary.json), the status of its points,
 the table (analysis.table, with the short caption), the figures (PNG under docs/figures/<sweep>/,
 analysis.plot) and a hand-written part: docs/results_notes/<sweep>.md, included verbatim, so that
-it survives every regeneration. A sweep without results gets the command that would produce them.
+it survives every regeneration. A sweep without results gets the command that would produce them,
+unless the page being replaced already holds a table for it: that section (and its findings rows) is
+kept under a line saying so (`keep=True`, the default), so sweeps can be re-run and the page
+regenerated one sweep at a time without losing the others.
 Paths are shown relative to the working directory (a results root elsewhere by its own name), so no
 page names a folder of the machine that built it.
 """
@@ -124,7 +127,8 @@ class Section:
     table: object = None  # the lead table (analysis.table.Table), when the sweep has results
     margin: float = 0.0
     baseline_run: frozenset[str] = field(default_factory=frozenset)
-    status: str = ""  # why there is no table: not run yet, unreadable
+    status: str = ""  # why there is no table: not run yet, unreadable, kept from the previous page
+    kept_rows: list[str] = field(default_factory=list)  # its findings rows on the previous page, verbatim
 
 
 def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures: Path) -> None:
@@ -163,6 +167,36 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
         sec.lines += [f"![{sf.name}: {name}]({_rel(paths[0], out)})", ""]
 
 
+KEPT = (
+    "_Kept from the previous version of this page: `{root}/{name}` was not there when the page was "
+    "regenerated. A table without a verdict column predates the verdict rule; `harness sweep {sweep}` and "
+    "`make results-doc` replace this section._"
+)
+KEPT_ROW = "table kept from a page without its verdict: re-run the sweep"
+
+
+def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """From the page being replaced: for every sweep whose section holds results (a `- Command:` line),
+    the section's body from that line up to its notes, and the sweep's rows of the findings table."""
+    if not page.is_file():
+        return {}
+    text = page.read_text(encoding="utf-8")
+    heads = [(m.start(), m.group(1)) for m in re.finditer(r"^## (\S+)$", text, re.M) if m.group(1) in names]
+    out = {}
+    for (start, name), (end, _) in zip(heads, heads[1:] + [(len(text), "")]):
+        lines = text[start:end].split("\n")
+        notes = lines.index("### Notes") if "### Notes" in lines else len(lines)
+        first = next((i for i, line in enumerate(lines[:notes]) if line.startswith("- Command: ")), None)
+        if first is None:
+            continue
+        body = lines[first:notes]
+        while body and not body[-1].strip():
+            body.pop()
+        found = [line for line in text.split("\n") if line.startswith(f"| [{name}](#{name}) |")]
+        out[name] = (body + [""], found)
+    return out
+
+
 def _study_lines(sf: SweepFile, root: Path) -> list[str]:
     """An Optuna study: what `harness tune FILE --show` prints for its storage under `root` (run in a
     child process: the tuner imports optuna and the trainer, which analysis never loads)."""
@@ -179,12 +213,16 @@ def _study_lines(sf: SweepFile, root: Path) -> list[str]:
     return head + text.splitlines() + ["```", ""]
 
 
-def _section(sf: SweepFile, root: Path, out: Path, figures: Path) -> Section:
+def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) -> Section:
     sec = Section(sf, [f"## {sf.name}", ""] + ([sf.description, ""] if sf.description else []))
     folder = root / sf.name
     if sf.study:
         sec.lines += _study_lines(sf, root)
         sec.status = "a tuning study"
+    elif not folder.is_dir() and sf.name in kept:
+        body, sec.kept_rows = kept[sf.name]
+        sec.lines += [KEPT.format(root=shown(root), name=sf.name, sweep=shown(sf.path)), ""] + body
+        sec.status = KEPT_ROW
     elif not folder.is_dir():
         sec.lines += [f"Not run yet: `harness sweep {shown(sf.path)}` writes `{shown(root)}/{sf.name}`.", ""]
         sec.status = "not run yet"
@@ -198,9 +236,12 @@ def _section(sf: SweepFile, root: Path, out: Path, figures: Path) -> Section:
 
 
 def _findings(sections: list[Section], asked: dict[str, str]) -> list[str]:
-    rows = []
+    rows: list = []
     for sec in sections:
         if sec.sf.study:
+            continue
+        if sec.kept_rows:
+            rows += sec.kept_rows  # already markdown
             continue
         question = findings.question_of(sec.sf.name, sec.sf.description, asked)
         found = findings.rows(sec.sf.name, question, sec.table, sec.margin) if sec.table is not None else []
@@ -227,15 +268,19 @@ def write_results_doc(
     sweeps: str | Path = "sweeps",
     figures: str | Path | None = None,
     notes: str | Path | None = None,
+    keep: bool = True,
 ) -> Path:
-    """Write the results page (and its figures); returns its path."""
+    """Write the results page (and its figures); returns its path. With `keep`, a sweep that has no
+    folder under `root` keeps its section of the page at `out` when that section holds results."""
     root, out, sweeps = Path(root), Path(out), Path(sweeps)
     figures = Path(figures) if figures else out.parent / "figures"
     notes = Path(notes) if notes else out.parent / "results_notes"
     if not root.is_dir():
         raise AnalysisError(f"{root} is not a results root: expected the folder `harness sweep` writes (results/).")
     asked = findings.questions(notes)
-    sections = [_section(sf, root, out, figures) for sf in sweep_files(sweeps)]
+    files = sweep_files(sweeps)
+    kept = previous_sections(out, [sf.name for sf in files]) if keep else {}
+    sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
     lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked)]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]

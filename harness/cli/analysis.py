@@ -162,12 +162,20 @@ def results_doc(
         Path | None,
         typer.Option("--notes", help="Hand-written notes, <sweep>.md each (default <out dir>/results_notes/)."),
     ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep/--no-keep",
+            help="A sweep with no folder under RESULTS keeps its section (and findings rows) of the page being "
+            "replaced, marked as kept, so sweeps can be re-run one at a time; --no-keep writes 'Not run yet'.",
+        ),
+    ] = True,
 ) -> None:
     """Regenerate docs/results.md: every shipped sweep's table, figures, command, seeds and code
     version, with its hand-written notes included verbatim."""
     from analysis.results_doc import write_results_doc
 
-    print(write_results_doc(results, out, sweeps, figures, notes))
+    print(write_results_doc(results, out, sweeps, figures, notes, keep))
 
 
 def check(

@@ -128,3 +128,49 @@ def test_results_doc_prints_a_studys_trials(tmp_path):
     assert "algo.lr = 0.0003" in section
     first = out.read_text()
     assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0 and out.read_text() == first
+
+
+def test_a_sweep_not_in_the_root_keeps_its_section_and_findings_until_it_is_re_run(tmp_path):
+    """Sweeps re-run one at a time: regenerating from a root that lacks a sweep keeps that sweep's
+    table, figures and findings rows from the page being replaced (marked as kept); --no-keep drops them."""
+    import json
+    import shutil
+
+    full, part, sweeps, docs = tmp_path / "full", tmp_path / "part", tmp_path / "sweeps", tmp_path / "docs"
+    make_task_sweep(full / "filters")
+    shutil.copytree(full / "filters", full / "other")
+    manifest = json.loads((full / "other" / "sweep.json").read_text())
+    manifest.update(name="other", source="sweeps/other.yaml", command="harness sweep sweeps/other.yaml")
+    (full / "other" / "sweep.json").write_text(json.dumps(manifest))
+    sweeps.mkdir()
+    for name in ("filters", "other", "unrun"):
+        (sweeps / f"{name}.yaml").write_text(f"name: {name}\ndescription: The {name} sweep.\n")
+    (docs / "results_notes").mkdir(parents=True)
+    (docs / "results_notes" / "other.md").write_text("Notes on other.\n")
+    out = docs / "results.md"
+    assert cli("results-doc", full, "--out", out, "--sweeps", sweeps).exit_code == 0
+    before = out.read_text()
+
+    def section(text, name):
+        return text.split(f"\n## {name}\n")[1].split("\n## ")[0]
+
+    def rows(text, name):
+        return [line for line in text.splitlines() if line.startswith(f"| [{name}](#{name}) |")]
+
+    assert rows(before, "other") and "verdict" in section(before, "other")
+    make_task_sweep(part / "filters")  # only filters re-run
+    r = cli("results-doc", part, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 0, r.output
+    after = out.read_text()
+    kept, was = section(after, "other"), section(before, "other")
+    assert kept.startswith("\nThe other sweep.\n\n_Kept from the previous version of this page: `part/other`")
+    assert kept.split("- Command: ", 1)[1] == was.split("- Command: ", 1)[1]  # table, figures, notes verbatim
+    assert rows(after, "other") == rows(before, "other")  # its verdicts too
+    assert section(after, "filters").replace("part/", "full/") == section(before, "filters")
+    assert "Not run yet: `harness sweep sweeps/unrun.yaml`" in section(after, "unrun")
+    assert cli("results-doc", part, "--out", out, "--sweeps", sweeps).exit_code == 0
+    assert out.read_text() == after  # keeping is idempotent: no second marker, nothing lost
+    assert cli("results-doc", part, "--out", out, "--sweeps", sweeps, "--no-keep").exit_code == 0
+    dropped = out.read_text()
+    assert "Not run yet: `harness sweep sweeps/other.yaml`" in section(dropped, "other")
+    assert rows(dropped, "other") == ["| [other](#other) | The other sweep | not run yet | — | — |"]
