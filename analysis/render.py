@@ -66,6 +66,8 @@ def format_entry(e, style: Style = MD, interval: str = "pm") -> str:
         if e.kind == "collapse" and e.finished:
             return "never" + (f"{style.math}{marks}{style.math}" if marks else "") + f" (0/{e.finished})"
         return style.dash
+    if e.kind == "collapse":
+        return f"{style.math}{style.escape(e.text)}{marks}{style.math} ({e.collapsed}/{e.finished})"
     if e.below_min:
         return f"{style.dash} (n={est.n})"
     dec = e.decimals

@@ -51,6 +51,7 @@ def test_marks_footnotes_and_footer(clip_sweep):
     text = render(table_for(clip_sweep), "markdown")
     none_row = next(line for line in text.splitlines() if line.startswith("| none"))
     assert "†" in none_row and "‡" in none_row and "(2/2)" in none_row
+    assert "| 6, 8† (2/2) |" in none_row  # the updates at which the runs collapsed, not a mean ± t interval
     ppo_row = next(line for line in text.splitlines() if line.startswith("| ppo"))
     assert "†" not in ppo_row and "baseline" in ppo_row and "never (0/3)" in ppo_row
     assert "- none seed 2 [clip.level=none__seed2]: failed: CUDA out of memory" in text

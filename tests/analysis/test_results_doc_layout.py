@@ -57,7 +57,7 @@ def test_the_legend_is_stated_once_and_the_captions_are_short(tmp_path):
     legend = "95% t interval from the two-way model of seeds and tasks"
     assert text.count(legend) == 1 and legend in text.split("## How to read the tables")[1].split("\n## ")[0]
     assert text.count("Holm's correction") == 1
-    assert text.count("collapse (update): mean update at which the collapse detector fired") == 1
+    assert text.count("collapse (update): the update at which the collapse detector fired") == 1
     captions = [line for line in text.splitlines() if line.startswith("Table: ")]
     assert len(captions) == 2 and all(len(c) < 300 for c in captions)
     assert "| filter.name | seeds | start | final | gain | Δ vs baseline | verdict |" in text
