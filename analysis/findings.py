@@ -104,18 +104,33 @@ def baseline_runs(results: pd.DataFrame) -> frozenset[str]:
 
 
 def shared_baselines(runs: dict[str, frozenset[str]]) -> list[str]:
-    """One sentence per baseline run that several sweeps share (the same config hashes)."""
-    by_run: dict[frozenset[str], list[str]] = {}
+    """One sentence per group of sweeps whose baseline runs overlap (the same config hashes: the same
+    points; a sweep run at fewer seeds shares a subset)."""
+    groups: list[tuple[set[str], list[str]]] = []
     for name, run in runs.items():
-        if run:
-            by_run.setdefault(run, []).append(name)
-    out = []
-    for run, names in by_run.items():
+        if not run:
+            continue
+        hit = [g for g in groups if g[0] & run]
+        merged = (set(run), [name])
+        for g in hit:  # this run joins every group it overlaps
+            merged[0].update(g[0])
+            merged[1][:0] = g[1]
+            groups.remove(g)
+        groups.append(merged)
+    out, order = [], list(runs)
+    for _, names in groups:
         if len(names) > 1:
+            names = sorted(names, key=order.index)
+            sizes = sorted({len(runs[n]) for n in names})
+            what = (
+                f"one {sizes[0]}-seed baseline run (the same configs and seeds"
+                if len(sizes) == 1
+                else f"baseline runs ({sizes[0]} to {sizes[-1]} seeds each, the same configs and seeds where they "
+                "overlap"
+            )
             out.append(
-                f"The sweeps {', '.join(names[:-1])} and {names[-1]} share one {len(run)}-seed baseline run (the "
-                "same configs and seeds, so the same points, reused or reproduced bit for bit at each code "
-                "version): their errors are correlated, and a baseline that landed high or low by chance moves "
-                "every Δ of these sweeps together."
+                f"The sweeps {', '.join(names[:-1])} and {names[-1]} share {what}, so the same points, reused or "
+                "reproduced bit for bit at each code version): their errors are correlated, and a baseline that "
+                "landed high or low by chance moves every Δ of these sweeps together."
             )
     return out

@@ -70,3 +70,18 @@ def test_sweeps_that_share_a_baseline_run_are_named_and_no_build_path_is_printed
     assert "their errors are correlated" in findings
     assert str(tmp_path) not in text and "/tmp/" not in text
     assert "share one" not in _page(tmp_path / "alone", shared=False)
+
+
+def test_sweeps_whose_baseline_runs_overlap_are_named_together():
+    """A sweep run at 3 seeds shares a subset of the 5-seed baseline of the others; a sweep with its own
+    baseline is not named; sets joined only through a third sweep still form one group."""
+    from analysis.findings import shared_baselines
+
+    runs = {"agg": frozenset("abc"), "clip": frozenset("abcde"), "mask": frozenset("abcde"), "hack": frozenset("z")}
+    (line,) = shared_baselines(runs)
+    assert (
+        line.startswith("The sweeps agg, clip and mask share baseline runs (3 to 5 seeds each") and "hack" not in line
+    )
+    (line,) = shared_baselines({"a": frozenset("x"), "b": frozenset("y"), "c": frozenset("xy")})
+    assert line.startswith("The sweeps a, b and c share baseline runs (1 to 2 seeds each")
+    assert shared_baselines({"a": frozenset("x"), "b": frozenset("y")}) == []
