@@ -114,7 +114,7 @@ def shared_baselines(runs: dict[str, frozenset[str]]) -> list[str]:
         merged = (set(run), [name])
         for g in hit:  # this run joins every group it overlaps
             merged[0].update(g[0])
-            merged[1][:0] = g[1]
+            merged[1].extend(g[1])
             groups.remove(g)
         groups.append(merged)
     out, order = [], list(runs)
