@@ -181,6 +181,7 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
     if not page.is_file():
         return {}
     text = page.read_text(encoding="utf-8")
+    page_lines = text.split("\n")
     heads = [(m.start(), m.group(1)) for m in re.finditer(r"^## (\S+)$", text, re.M) if m.group(1) in names]
     out = {}
     for (start, name), (end, _) in zip(heads, heads[1:] + [(len(text), "")]):
@@ -192,7 +193,7 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
         body = lines[first:notes]
         while body and not body[-1].strip():
             body.pop()
-        found = [line for line in text.split("\n") if line.startswith(f"| [{name}](#{name}) |")]
+        found = [line for line in page_lines if line.startswith(f"| [{name}](#{name}) |")]
         out[name] = (body + [""], found)
     return out
 
