@@ -4,7 +4,9 @@
 
 The page, in this order: the findings (one row per contrast of every sweep's lead table: sweep |
 question | answer | Δ [CI] | verdict, analysis.findings) and which sweeps share a baseline run;
-a table of contents; docs/results_notes/_intro.md and _limits.md (the limits of the regime);
+a table of contents; the transfer table where docs/results_notes/_transfer.yaml exists (a
+contrast on the tiny model beside the same contrast on a real model, analysis.transfer);
+docs/results_notes/_intro.md and _limits.md (the limits of the regime);
 "How to read the tables", the legend every table shares, stated once; then one section per sweep
 file under `sweeps` (Optuna studies are listed, not tabulated): the command line that produced the
 results, the seeds and the code version (from the points' summary.json), the status of its points,
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import findings
+from analysis import findings, transfer
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.render import to_markdown
@@ -280,13 +282,19 @@ def write_results_doc(
         raise AnalysisError(f"{root} is not a results root: expected the folder `harness sweep` writes (results/).")
     asked = findings.questions(notes)
     files = sweep_files(sweeps)
+    moved = transfer.spec(notes)
+    if moved is not None:
+        transfer.check_sweeps(moved, notes / transfer.TRANSFER, [sf.name for sf in files])
     kept = previous_sections(out, [sf.name for sf in files]) if keep else {}
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
     lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked)]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]
-    lines += _contents(sections, [t for t, _ in front] + ["How to read the tables"])
+    parts = ([transfer.TITLE] if moved is not None else []) + [t for t, _ in front] + ["How to read the tables"]
+    lines += _contents(sections, parts)
+    if moved is not None:
+        lines += transfer.lines(moved, {s.sf.name: s for s in sections})
     for title, path in front:
         lines += [f"## {title}", "", path.read_text(encoding="utf-8").strip(), ""]
     lines += ["## How to read the tables", "", READING.rstrip(), ""] + [f"- {item}" for item in legend("pm")] + [""]

@@ -1,0 +1,115 @@
+"""The transfer table of the results page (analysis.transfer): a contrast on the tiny model beside the
+same contrast on a real model, each with its own sweep's verdict, and how the two verdicts relate."""
+
+import json
+import shutil
+
+import pytest
+from synthetic_tasks import make_task_sweep
+
+from analysis.load import AnalysisError
+from analysis.results_doc import write_results_doc
+from analysis.transfer import relation, spec
+
+
+@pytest.mark.parametrize(
+    "tiny, real, expected",
+    [
+        ("worse", "worse", "agree"),
+        ("equivalent", "equivalent", "agree"),
+        ("better", "worse", "reverse"),
+        ("lower", "higher", "reverse"),
+        ("equivalent", "worse", "differ"),
+        ("better", "equivalent", "differ"),
+        ("worse", "undetermined", "undetermined"),
+        ("undetermined", "better", "undetermined"),
+        ("degenerate", "worse", "undetermined"),
+        (None, "worse", "—"),
+        ("worse", None, "—"),
+    ],
+)
+def test_relation_of_two_verdicts(tiny, real, expected):
+    assert relation(tiny, real) == expected
+
+
+def _page(tmp_path, rows: str):
+    root, sweeps, notes = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs" / "results_notes"
+    make_task_sweep(root / "filters")
+    shutil.copytree(root / "filters", root / "filters_real")  # the same contrast "measured on another model"
+    manifest = json.loads((root / "filters_real" / "sweep.json").read_text())
+    (root / "filters_real" / "sweep.json").write_text(json.dumps({**manifest, "name": "filters_real"}))
+    sweeps.mkdir()
+    for name in ("filters", "filters_real", "unrun"):
+        # a wide equivalence margin gives the synthetic Δ of +0.25 [-0.08, 0.58] a determined verdict
+        grid = "grid: {algo.filter.name: [none, dapo]}\nequivalence_margin: 0.9"
+        (sweeps / f"{name}.yaml").write_text(f"name: {name}\n{grid}\n")
+    notes.mkdir(parents=True)
+    (notes / "_limits.md").write_text("Actions of 1-2 tokens.\n")
+    (notes / "_transfer.yaml").write_text("model: RealLM\nrows:\n" + rows)
+    return root, sweeps, tmp_path / "docs" / "results.md"
+
+
+ROWS = """\
+  - contrast: DAPO vs no filter
+    tiny: {sweep: filters, cell: dapo}
+    real: {sweep: filters_real, cell: dapo}
+  - contrast: not measured on the real model yet
+    tiny: {sweep: filters, cell: ragen_top_p}
+    real: {sweep: unrun, cell: dapo}
+  - contrast: the real model only
+    tiny: null
+    real: {sweep: filters_real, cell: ragen_top_p}
+"""
+
+
+def test_transfer_table_sets_each_sweeps_verdict_side_by_side(tmp_path):
+    root, sweeps, out = _page(tmp_path, ROWS)
+    text = write_results_doc(root, out, sweeps).read_text()
+    head, rest = text.split("\n## Transfer to a pretrained model\n")
+    assert "\n## Contents\n" in head and "- [Transfer to a pretrained model](#transfer-to-a-pretrained-model)" in head
+    table_head = "| contrast | tiny model | RealLM | relation |"
+    assert rest.index(table_head) < rest.index("## Limits of the tiny-model regime")
+    section = rest.split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]  # under the head and the rule
+    assert len(rows) == 3
+    # each side is its sweep's own findings row: Δ, interval and verdict as the findings table prints them
+    finding = next(r for r in head.splitlines() if r.startswith("| [filters](#filters)") and "dapo" in r)
+    delta, verdict = (c.strip() for c in finding.strip("|").split("|")[3:5])
+    verdict = verdict.strip("*")
+    dapo = rows[0].strip("|").split("|")
+    assert dapo[0].strip() == "DAPO vs no filter"
+    assert dapo[1].strip() == f"{delta} {verdict} ([filters](#filters))"
+    assert dapo[2].strip() == f"{delta} {verdict} ([filters_real](#filters_real))"
+    assert verdict == "equivalent" and dapo[3].strip() == "agree"
+    unrun = rows[1].strip("|").split("|")
+    assert unrun[2].strip() == "[unrun](#unrun): not run yet" and unrun[3].strip() == "—"
+    only = rows[2].strip("|").split("|")
+    assert only[1].strip() == "no such contrast" and only[3].strip() == "—"
+
+
+X = "  - contrast: x\n"
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (X + "    tiny: {sweep: nope, cell: dapo}\n    real: null\n", "rows[0].tiny.sweep = 'nope' is not a sweep"),
+        (X + "    tiny: {sweep: filters}\n    real: null\n", "rows[0].tiny = {'sweep': 'filters'}: expected"),
+        (X + "    tiny: null\n", "rows[0] = ['contrast', 'tiny']: expected the keys contrast"),
+        (X + "    tiny: null\n    real: [filters, dapo]\n", "rows[0].real = ['filters', 'dapo']: expected"),
+        ("  - nope\n", "rows[0] = 'nope': expected the keys contrast"),
+    ],
+)
+def test_a_malformed_transfer_file_is_one_message_naming_the_key(tmp_path, rows, message):
+    root, sweeps, out = _page(tmp_path, rows)
+    with pytest.raises(AnalysisError, match="_transfer.yaml: ") as e:
+        write_results_doc(root, out, sweeps)
+    assert message in str(e.value)
+    assert not out.exists()  # nothing written
+
+
+def test_no_transfer_file_no_section(tmp_path):
+    root, sweeps, out = _page(tmp_path, ROWS)
+    (out.parent / "results_notes" / "_transfer.yaml").unlink()
+    assert spec(out.parent / "results_notes") is None
+    assert "Transfer to a pretrained model" not in write_results_doc(root, out, sweeps).read_text()
