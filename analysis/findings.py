@@ -55,8 +55,20 @@ def ci_text(iv: Interval, decimals: int = 2) -> str:
     return f"{value} [{iv.lo:.{decimals}f}, {iv.hi:.{decimals}f}]"
 
 
+def _holm_note(f: dict) -> str:
+    """For an undetermined contrast whose unadjusted 95% interval excludes 0: why it is not a finding."""
+    iv = f["interval"]
+    if f["verdict"] != "undetermined" or iv.degenerate or not (iv.lo > 0 or iv.hi < 0):
+        return ""
+    return " (its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
+
+
 def answer(f: dict, margin: float) -> str:
     """The verdict of one contrast in words."""
+    return _answer(f, margin) + _holm_note(f)
+
+
+def _answer(f: dict, margin: float) -> str:
     cell, base, v = f["cell"], f["baseline"], f["verdict"]
     if f["column"] != DELTA:  # a table without Δ: the gain of RL, final - start
         return {

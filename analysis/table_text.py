@@ -68,7 +68,9 @@ def code_versions(done: pd.DataFrame) -> str:
     counts = done["code_version"].dropna().value_counts(sort=False)
     if counts.empty:
         return "unknown"
-    return ", ".join(f"{v}" if len(counts) == 1 else f"{v} ({n} points)" for v, n in counts.items())
+    if len(counts) == 1:
+        return str(counts.index[0])
+    return ", ".join(f"{v} ({n} point{'s' if n != 1 else ''})" for v, n in counts.items())
 
 
 def _setting(results: pd.DataFrame, key: str) -> str | None:

@@ -101,3 +101,13 @@ def test_analysis_never_imports_torch_or_the_trainer():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_code_versions_counts_points_per_version():
+    from analysis.table_text import code_versions
+
+    one = pd.DataFrame({"code_version": ["abc1234", "abc1234"]})
+    assert code_versions(one) == "abc1234"
+    mixed = pd.DataFrame({"code_version": ["abc1234", "abc1234", "def5678", None]})
+    assert code_versions(mixed) == "abc1234 (2 points), def5678 (1 point)"
+    assert code_versions(pd.DataFrame({"code_version": [None]})) == "unknown"

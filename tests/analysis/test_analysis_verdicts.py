@@ -18,6 +18,7 @@ from synthetic import make_clip_sweep, write_point
 from synthetic_tasks import TASKS, make_task_sweep, task_rows
 from typer.testing import CliRunner
 
+from analysis.findings import answer
 from analysis.load import AnalysisError
 from analysis.render import render
 from analysis.table import table_for
@@ -104,6 +105,12 @@ def test_holm_keeps_a_contrast_whose_own_interval_excludes_0_undetermined(tmp_pa
     text = render(table_for(tmp_path / "shift"), "markdown")
     assert "| small | 3/3 |" in text and "| +0.12 [0.05, 0.19] | undetermined |" in text
     assert "Holm's correction across the table's contrasts" in text
+    # the findings table says in words why such a contrast is not a finding, and only for it
+    said = {f["cell"]: answer(f, 0.05) for f in table_for(tmp_path / "shift").findings}
+    assert said["small"].endswith(
+        "(its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
+    )
+    assert "Holm" not in said["noisy"] and "Holm" not in said["large"] and "Holm" not in said["same"]
 
 
 def test_degenerate_outputs_are_flagged_not_printed_as_results(tmp_path):
