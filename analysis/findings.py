@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 
 from analysis.columns import DELTA
-from analysis.intervals import Interval
+from analysis.intervals import DIRECTIONS, Interval
 from analysis.load import AnalysisError
 from harness.store import FINISHED
 
@@ -93,7 +93,7 @@ def rows(name: str, question: str, table, margin: float) -> list[list[str]]:
     """The findings rows of one sweep (its question on the first row only); none when it has no contrast."""
     out = []
     for i, f in enumerate(table.findings):
-        verdict = f"**{f['verdict']}**" if f["verdict"] in ("better", "worse", "higher", "lower") else f["verdict"]
+        verdict = f"**{f['verdict']}**" if f["verdict"] in DIRECTIONS else f["verdict"]
         what = "Δ" if f["column"] == DELTA else "gain"
         out.append(
             [f"[{name}](#{name})", question if i == 0 else "", answer(f, margin), f"{what} {ci_text(f['interval'])}"]

@@ -48,7 +48,8 @@ CONFIDENCE = 0.95
 EQUIVALENCE_CONFIDENCE = 0.90  # TOST at alpha = 0.05 on each side
 DEFAULT_MARGIN = 0.05  # success-rate points; a sweep overrides it with `equivalence_margin`
 FAMILY_ALPHA = 0.05
-VERDICTS = ("better", "worse", "higher", "lower", "equivalent", "undetermined", "degenerate")
+DIRECTIONS = ("better", "worse", "higher", "lower")  # the verdicts that establish a difference
+VERDICTS = (*DIRECTIONS, "equivalent", "undetermined", "degenerate")
 
 
 @dataclass(frozen=True)

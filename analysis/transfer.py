@@ -30,13 +30,14 @@ from pathlib import Path
 import yaml
 
 from analysis.findings import ci_text
+from analysis.intervals import DIRECTIONS
 from analysis.load import AnalysisError
 
 TRANSFER = "_transfer.yaml"
 TITLE = "Transfer to a pretrained model"
 SIDES = ("tiny", "real")
 OPPOSITE = {frozenset(("better", "worse")), frozenset(("higher", "lower"))}
-DETERMINED = {"better", "worse", "higher", "lower", "equivalent"}
+DETERMINED = {*DIRECTIONS, "equivalent"}
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _cell(side: Side | None, sections: dict) -> tuple[str, str | None]:
     """(what the table shows for one side, its verdict or None)."""
     if side is None:
         return "no such contrast", None
-    sec = sections.get(side.sweep)
+    sec = sections[side.sweep]  # check_sweeps: every side names a sweep file
     if sec.table is None:
         return f"[{side.sweep}](#{side.sweep}): {sec.status or 'no table'}", None
     found = [f for f in sec.table.findings if f["cell"] == side.cell]
