@@ -176,15 +176,20 @@ def _panel(ax, data: pd.DataFrame, metric: str, x: str, ctx: Context) -> set[str
 # ----------------------------------------------------------------------------- titles
 def _title(family: Family, ctx: Context, n_collapse: int) -> str:
     meta = ctx.results.attrs["sweep"]
-    seeds = int(ctx.results.groupby("label")["point"].count().max()) if len(ctx.results) else 0
+    drawn_points = ctx.results[ctx.results["has_metrics"]] if len(ctx.results) else ctx.results
+    counts = drawn_points.groupby("label", sort=False)["point"].count() if len(drawn_points) else None
+    seeds = int(counts.max()) if counts is not None else 0
     avg = f"{ctx.window}-update moving average of each seed, " if ctx.window > 1 else ""
+    # a partly run sweep: name the lines that rest on fewer seeds than the caption's count
+    fewer = [f"{label}: {n} seed{'s' if n > 1 else ''}" for label, n in counts.items() if n < seeds] if seeds else []
+    over = f"mean over {seeds} seeds" + (f" ({'; '.join(fewer)})" if fewer else "")
     if seeds < 2:
         what = f"Lines: {avg}1 seed (no interval band)"
     elif ctx.many:
         base = f" ({ctx.baseline})" if ctx.baseline in ctx.banded else ""
-        what = f"Lines: {avg}mean over {seeds} seeds; band: the baseline's{base} 95% t interval over seeds only"
+        what = f"Lines: {avg}{over}; band: the baseline's{base} 95% t interval over seeds only"
     else:
-        what = f"Lines: {avg}mean over {seeds} seeds; bands: 95% t interval over seeds"
+        what = f"Lines: {avg}{over}; bands: 95% t interval over seeds"
     marks = f"; dotted verticals: collapse detected ({n_collapse} runs)" if n_collapse else ""
     scale = "; KL on a symmetric log scale (linear below 0.01)" if ctx.symlog else ""
     grey = "; grey dashed: the baseline, in every column" if ctx.grey else ""

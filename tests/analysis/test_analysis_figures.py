@@ -162,3 +162,17 @@ def test_axes_ticks_limits_and_titles(tmp_path):
     add_other_config(other)
     (legend,) = figures(other)["evaluation"].legends
     assert "dapo [train.updates=6]" in [t.get_text() for t in legend.get_texts()]
+
+
+def test_caption_names_the_lines_with_fewer_seeds_in_a_partly_run_sweep(tmp_path):
+    import shutil
+
+    root = make_task_sweep(tmp_path / "filters")
+    short = sorted(p for p in root.iterdir() if p.name.startswith("filter.name=dapo__"))
+    assert len(short) == 3
+    for p in short[1:]:  # the sweep stopped after dapo's first seed
+        shutil.rmtree(p)
+    title = figures(root)["evaluation"]._suptitle.get_text().replace("\n", " ")
+    assert "mean over 3 seeds (dapo: 1 seed)" in title
+    full = figures(make_task_sweep(tmp_path / "full"))["evaluation"]._suptitle.get_text().replace("\n", " ")
+    assert "mean over 3 seeds;" in full and "seed)" not in full
