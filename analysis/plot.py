@@ -162,12 +162,18 @@ def _panel(ax, data: pd.DataFrame, metric: str, x: str, ctx: Context) -> set[str
     for _, r in ctx.collapses[ctx.collapses["label"].isin(shown)].iterrows() if x == "update" else ():
         color = BASELINE_GREY if r["label"] in ctx.grey else ctx.styles[r["label"]].color
         ax.axvline(r["collapsed_at"], color=color, linestyle=":", linewidth=1.2)
+    # the y range follows what is drawn: a band that is not shaded (many lines) does not stretch it
+    drawn = b.copy()
+    if ctx.many:
+        unshaded = drawn["label"] != ctx.baseline
+        drawn.loc[unshaded, "lo"] = drawn.loc[unshaded, "mean"]
+        drawn.loc[unshaded, "hi"] = drawn.loc[unshaded, "mean"]
     if too_tall(metric, b):
         ax.set_yscale("symlog", linthresh=0.01)
-        ax.set_ylim(0, float(b["hi"].max()) * 2)
+        ax.set_ylim(0, float(drawn["hi"].max()) * 2)
         ctx.symlog = True
     else:
-        ylim(ax, metric, b)
+        ylim(ax, metric, drawn)
     x_axis(ax, x)
     ax.grid(alpha=0.3, linewidth=0.5)
     return shown

@@ -176,3 +176,17 @@ def test_caption_names_the_lines_with_fewer_seeds_in_a_partly_run_sweep(tmp_path
     assert "mean over 3 seeds (dapo: 1 seed)" in title
     full = figures(make_task_sweep(tmp_path / "full"))["evaluation"]._suptitle.get_text().replace("\n", " ")
     assert "mean over 3 seeds;" in full and "seed)" not in full
+
+
+def test_an_unshaded_band_does_not_stretch_the_y_axis(tmp_path):
+    root = make_grid_sweep(tmp_path / "grid")  # six lines: only the baseline's band is shaded
+    noisy = root / "none-seq-mean-token-mean-1" / "metrics.jsonl"
+    rows = [json.loads(line) for line in noisy.read_text().splitlines()]
+    for r in rows:
+        r["diag/kl_k3"] = 0.02 * r["update"]  # seed 1 far from seed 0: a 1-df t band ~60x the line
+    noisy.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = {ax.get_title(): ax for ax in figures(root)["diagnostics"].axes}
+    top = panels["KL to reference (k3)"].get_ylim()[1]
+    line_peak = (0.02 * 10 + 0.001 * 10) / 2  # the noisy label's mean at the last update
+    band_peak = line_peak + 12.71 * (0.02 * 10 - 0.001 * 10) / 2  # its unshaded t band's upper end
+    assert line_peak < top < band_peak / 2
