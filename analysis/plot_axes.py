@@ -92,9 +92,13 @@ def details(first: str, curves: pd.DataFrame, results: pd.DataFrame) -> str:
         eps = _median(curves, "eval_greedy/episodes") or _median(curves, "eval_sampled/episodes")
         eps_text = f"{eps:g}" if eps else _config(results, "train.eval_episodes")
         tasks, every = _config(results, "env.heldout_tasks"), _config(results, "train.eval_every")
+        updates = _config(results, "train.updates")
         parts = [f"held-out split of {tasks} tasks" if tasks else "held-out split"]
         parts.append(f"{eps_text} episodes per evaluation, greedy and sampled decoding" if eps_text else "")
-        parts.append(f"evaluated every {every} updates and at the end" if every and every != "0" else "")
+        if every and every != "0" and every == updates:  # one evaluation after training: no "every"
+            parts.append("evaluated before RL and after the last update")
+        elif every and every != "0":
+            parts.append(f"evaluated every {every} updates and at the end")
         return ", ".join(p for p in parts if p)
     if first.startswith("env/"):
         eps = _median(curves, "perf/episodes") or _median(curves, "env/episodes")

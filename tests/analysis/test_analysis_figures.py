@@ -2,8 +2,10 @@
 panel sizes, the point labels in the legend, grid sweeps in colour x line style, sane axes."""
 
 import json
+import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -13,6 +15,7 @@ from synthetic_tasks import add_other_config, make_task_sweep
 
 from analysis.layout import BOX, DPI, overlaps
 from analysis.plot import figures, save
+from analysis.plot_axes import details
 
 LONG = "a-rather-long-variant-label-that-names-three-settings"
 
@@ -165,8 +168,6 @@ def test_axes_ticks_limits_and_titles(tmp_path):
 
 
 def test_caption_names_the_lines_with_fewer_seeds_in_a_partly_run_sweep(tmp_path):
-    import shutil
-
     root = make_task_sweep(tmp_path / "filters")
     short = sorted(p for p in root.iterdir() if p.name.startswith("filter.name=dapo__"))
     assert len(short) == 3
@@ -190,3 +191,11 @@ def test_an_unshaded_band_does_not_stretch_the_y_axis(tmp_path):
     line_peak = (0.02 * 10 + 0.001 * 10) / 2  # the noisy label's mean at the last update
     band_peak = line_peak + 12.71 * (0.02 * 10 - 0.001 * 10) / 2  # its unshaded t band's upper end
     assert line_peak < top < band_peak / 2
+
+
+def test_caption_of_a_run_evaluated_only_before_and_after_training():
+    curves = pd.DataFrame({"metric": ["eval_greedy/episodes"], "value": [128.0]})
+    once = pd.DataFrame({"env.heldout_tasks": [128], "train.eval_every": [30], "train.updates": [30]})
+    assert details("eval_greedy/success", curves, once).endswith("evaluated before RL and after the last update")
+    often = once.assign(**{"train.eval_every": [10]})
+    assert details("eval_greedy/success", curves, often).endswith("evaluated every 10 updates and at the end")
