@@ -20,17 +20,25 @@ The relation of the two verdicts:
 - undetermined: either side undetermined or degenerate;
 - a dash where a side has no verdict yet (the sweep not run, or its table kept from a page that
   predates the verdict rule), with the reason in that side's cell.
+
+A relation compares verdicts, not sizes: a contrast can be worse on one model and undetermined on the
+other while the two Δs clearly differ. The last column tests that directly: the real model's Δ minus
+the tiny model's (gain minus gain for a gain row), with a 95% t interval whose standard error is the
+two sides' combined (the experiments are independent: other models, other runs) and whose degrees of
+freedom are Welch-Satterthwaite's from the two sides' own (docs/algorithms.md#statistics).
+It is not adjusted across rows.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from analysis.findings import ci_text
-from analysis.intervals import DIRECTIONS
+from analysis.intervals import DIRECTIONS, Interval
 from analysis.load import AnalysisError
 
 TRANSFER = "_transfer.yaml"
@@ -105,19 +113,46 @@ def relation(tiny: str | None, real: str | None) -> str:
     return "reverse" if frozenset((tiny, real)) in OPPOSITE else "differ"
 
 
-def _cell(side: Side | None, sections: dict) -> tuple[str, str | None]:
-    """(what the table shows for one side, its verdict or None)."""
+def size_difference(tiny: Interval, real: Interval) -> Interval:
+    """real - tiny for two independent estimates: the variances add, and the t quantile's degrees of
+    freedom are Welch-Satterthwaite's (an infinite side contributes no term)."""
+    v_t, v_r = tiny.se**2, real.se**2
+    terms = sum(v**2 / df for v, df in ((v_t, tiny.df), (v_r, real.df)) if math.isfinite(df))
+    df = (v_t + v_r) ** 2 / terms if terms > 0 else math.inf
+    return Interval(real.value - tiny.value, math.sqrt(v_t + v_r), df, min(tiny.n, real.n), min(tiny.m, real.m))
+
+
+@dataclass(frozen=True)
+class _Found:
+    text: str  # what the table shows for one side
+    verdict: str | None = None
+    what: str | None = None  # "Δ" or "gain"
+    interval: Interval | None = None
+
+
+def _cell(side: Side | None, sections: dict) -> _Found:
     if side is None:
-        return "no such contrast", None
+        return _Found("no such contrast")
     sec = sections[side.sweep]  # check_sweeps: every side names a sweep file
     if sec.table is None:
-        return f"[{side.sweep}](#{side.sweep}): {sec.status or 'no table'}", None
+        return _Found(f"[{side.sweep}](#{side.sweep}): {sec.status or 'no table'}")
     found = [f for f in sec.table.findings if f["cell"] == side.cell]
     if not found:
-        return f"[{side.sweep}](#{side.sweep}): no contrast '{side.cell}' in its table", None
+        return _Found(f"[{side.sweep}](#{side.sweep}): no contrast '{side.cell}' in its table")
     f = found[0]
     what = "Δ" if f["baseline"] is not None else "gain"
-    return f"{what} {ci_text(f['interval'])} {f['verdict']} ([{side.sweep}](#{side.sweep}))", f["verdict"]
+    text = f"{what} {ci_text(f['interval'])} {f['verdict']} ([{side.sweep}](#{side.sweep}))"
+    return _Found(text, f["verdict"], what, f["interval"])
+
+
+def _difference(tiny: _Found, real: _Found) -> str:
+    """The size column: both sides' intervals of the same kind, each with a spread, or a dash."""
+    sides = (tiny.interval, real.interval)
+    if any(iv is None or iv.n < 2 or iv.degenerate or not math.isfinite(iv.se) for iv in sides):
+        return "—"
+    if tiny.what != real.what:
+        return "— (a Δ beside a gain)"
+    return ci_text(size_difference(tiny.interval, real.interval))
 
 
 def check_sweeps(sp: Spec, path: Path, names: list[str]) -> None:
@@ -139,13 +174,17 @@ def lines(sp: Spec, sections: dict) -> list[str]:
         f"Each contrast measured with the tiny model beside the same contrast with {sp.model}, each side "
         "with its own sweep's Δ, interval and verdict (Holm across that sweep's contrasts). agree: the same "
         "verdict; reverse: opposite directions; differ: both determined, otherwise different; "
-        "undetermined: either side undetermined.",
+        "undetermined: either side undetermined. The last column compares sizes instead of verdicts: "
+        f"{sp.model}'s Δ minus the tiny model's, with a 95% t interval from the two sides' standard errors "
+        "(independent experiments; Welch-Satterthwaite degrees of freedom), not adjusted across rows; "
+        "where it excludes 0 the contrast's size differs between the two models.",
         "",
-        f"| contrast | tiny model | {sp.model} | relation |",
-        "| :-- | :-- | :-- | :-- |",
+        f"| contrast | tiny model | {sp.model} | relation | {sp.model} − tiny |",
+        "| :-- | :-- | :-- | :-- | :-- |",
     ]
     body = []
     for r in sp.rows:
-        (tiny, tv), (real, rv) = _cell(r.tiny, sections), _cell(r.real, sections)
-        body.append("| " + " | ".join(c.replace("|", r"\|") for c in (r.contrast, tiny, real, relation(tv, rv))) + " |")
+        tiny, real = _cell(r.tiny, sections), _cell(r.real, sections)
+        cells = (r.contrast, tiny.text, real.text, relation(tiny.verdict, real.verdict), _difference(tiny, real))
+        body.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
     return head + body + [""]

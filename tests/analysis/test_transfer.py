@@ -2,14 +2,17 @@
 same contrast on a real model, each with its own sweep's verdict, and how the two verdicts relate."""
 
 import json
+import math
 import shutil
 
 import pytest
+from scipy import stats
 from synthetic_tasks import make_task_sweep
 
+from analysis.intervals import Interval
 from analysis.load import AnalysisError
 from analysis.results_doc import write_results_doc
-from analysis.transfer import relation, spec
+from analysis.transfer import relation, size_difference, spec
 
 
 @pytest.mark.parametrize(
@@ -113,3 +116,26 @@ def test_no_transfer_file_no_section(tmp_path):
     (out.parent / "results_notes" / "_transfer.yaml").unlink()
     assert spec(out.parent / "results_notes") is None
     assert "Transfer to a pretrained model" not in write_results_doc(root, out, sweeps).read_text()
+
+
+def test_size_difference_is_welch_satterthwaite():
+    tiny, real = Interval(-0.25, 0.02, 4, 5, 256), Interval(-0.06, 0.03, 2, 3, 128)
+    d = size_difference(tiny, real)
+    assert d.value == pytest.approx(0.19) and d.se == pytest.approx(math.sqrt(0.02**2 + 0.03**2))
+    assert d.df == pytest.approx((0.02**2 + 0.03**2) ** 2 / (0.02**4 / 4 + 0.03**4 / 2))  # 3.80
+    assert d.lo == pytest.approx(0.19 - stats.t.ppf(0.975, d.df) * d.se) and d.lo > 0  # sizes differ
+    normal = size_difference(Interval(0.0, 0.01, math.inf, 3, 10), Interval(0.0, 0.01, math.inf, 3, 10))
+    assert normal.df == math.inf and normal.se == pytest.approx(math.sqrt(2) * 0.01)
+
+
+def test_transfer_table_compares_sizes_of_the_same_kind_only(tmp_path):
+    root, sweeps, out = _page(tmp_path, ROWS)
+    section = write_results_doc(root, out, sweeps).read_text().split("\n## Transfer to a pretrained model\n")[1]
+    rows = [line.strip("|").split("|") for line in section.split("\n## ")[0].splitlines() if line.startswith("| ")]
+    assert rows[0][-1].strip() == "RealLM − tiny"
+    same = rows[2]  # the same sweep on both sides: d = 0 with an interval wider than either side's
+    side = [float(x) for x in same[1].split("[")[1].split("]")[0].split(",")]
+    d = [float(x) for x in same[4].split("[")[1].split("]")[0].split(",")]
+    assert same[4].strip().startswith("+0.00 [") and d[0] == pytest.approx(-d[1], abs=0.011)
+    assert d[1] - d[0] > side[1] - side[0]  # two independent errors add
+    assert rows[3][4].strip() == "—" and rows[4][4].strip() == "—"  # a side without a verdict / no such contrast
