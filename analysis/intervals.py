@@ -215,6 +215,13 @@ def separate_interval(a: np.ndarray, b: np.ndarray) -> Interval:
     return _interval(value, sa + sb, ta + tb, n, min(a.shape[1], b.shape[1]))
 
 
+def independent_difference(a: Interval, b: Interval) -> Interval:
+    """a - b for two estimates from independent experiments (other models, other runs): their SE^2
+    add, the df by the same Satterthwaite rule over the two sides' own df (Welch's for two)."""
+    parts = [(a.se**2, a.df), (b.se**2, b.df)]
+    return _interval(a.value - b.value, parts, [], min(a.n, b.n), min(a.m, b.m))
+
+
 def seed_interval(values) -> Interval:
     """The t interval of the mean of per-seed values (NaNs dropped), df = n - 1."""
     x = np.asarray(values, dtype=float).ravel()

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from analysis.findings import ci_text
-from analysis.intervals import DIRECTIONS, Interval
+from analysis.intervals import DIRECTIONS, Interval, independent_difference
 from analysis.load import AnalysisError
 
 TRANSFER = "_transfer.yaml"
@@ -113,15 +113,6 @@ def relation(tiny: str | None, real: str | None) -> str:
     return "reverse" if frozenset((tiny, real)) in OPPOSITE else "differ"
 
 
-def size_difference(tiny: Interval, real: Interval) -> Interval:
-    """real - tiny for two independent estimates: the variances add, and the t quantile's degrees of
-    freedom are Welch-Satterthwaite's (an infinite side contributes no term)."""
-    v_t, v_r = tiny.se**2, real.se**2
-    terms = sum(v**2 / df for v, df in ((v_t, tiny.df), (v_r, real.df)) if math.isfinite(df))
-    df = (v_t + v_r) ** 2 / terms if terms > 0 else math.inf
-    return Interval(real.value - tiny.value, math.sqrt(v_t + v_r), df, min(tiny.n, real.n), min(tiny.m, real.m))
-
-
 @dataclass(frozen=True)
 class _Found:
     text: str  # what the table shows for one side
@@ -152,7 +143,7 @@ def _difference(tiny: _Found, real: _Found) -> str:
         return "—"
     if tiny.what != real.what:
         return "— (a Δ beside a gain)"
-    return ci_text(size_difference(tiny.interval, real.interval))
+    return ci_text(independent_difference(real.interval, tiny.interval))
 
 
 def check_sweeps(sp: Spec, path: Path, names: list[str]) -> None:

@@ -9,10 +9,10 @@ import pytest
 from scipy import stats
 from synthetic_tasks import make_task_sweep
 
-from analysis.intervals import Interval
+from analysis.intervals import Interval, independent_difference
 from analysis.load import AnalysisError
 from analysis.results_doc import write_results_doc
-from analysis.transfer import relation, size_difference, spec
+from analysis.transfer import relation, spec
 
 
 @pytest.mark.parametrize(
@@ -120,11 +120,11 @@ def test_no_transfer_file_no_section(tmp_path):
 
 def test_size_difference_is_welch_satterthwaite():
     tiny, real = Interval(-0.25, 0.02, 4, 5, 256), Interval(-0.06, 0.03, 2, 3, 128)
-    d = size_difference(tiny, real)
+    d = independent_difference(real, tiny)
     assert d.value == pytest.approx(0.19) and d.se == pytest.approx(math.sqrt(0.02**2 + 0.03**2))
     assert d.df == pytest.approx((0.02**2 + 0.03**2) ** 2 / (0.02**4 / 4 + 0.03**4 / 2))  # 3.80
     assert d.lo == pytest.approx(0.19 - stats.t.ppf(0.975, d.df) * d.se) and d.lo > 0  # sizes differ
-    normal = size_difference(Interval(0.0, 0.01, math.inf, 3, 10), Interval(0.0, 0.01, math.inf, 3, 10))
+    normal = independent_difference(Interval(0.0, 0.01, math.inf, 3, 10), Interval(0.0, 0.01, math.inf, 3, 10))
     assert normal.df == math.inf and normal.se == pytest.approx(math.sqrt(2) * 0.01)
 
 
