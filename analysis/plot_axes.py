@@ -101,6 +101,12 @@ def details(first: str, curves: pd.DataFrame, results: pd.DataFrame) -> str:
             parts.append(f"evaluated every {every} updates and at the end")
         return ", ".join(p for p in parts if p)
     if first.startswith("env/"):
-        eps = _median(curves, "perf/episodes") or _median(curves, "env/episodes")
-        return f"{eps:g} episodes per update, sampled decoding" if eps else "sampled decoding"
+        metric = "perf/episodes" if _median(curves, "perf/episodes") else "env/episodes"
+        eps = curves.loc[curves["metric"] == metric, "value"]
+        if not len(eps) or not eps.median():
+            return "sampled decoding"
+        if eps.min() == eps.max():
+            return f"{eps.median():g} episodes per update, sampled decoding"
+        # dynamic sampling (DAPO refill rounds) plays a different number of episodes each update
+        return f"{eps.min():g}-{eps.max():g} episodes per update, median {eps.median():g}, sampled decoding"
     return "per update, from the training batches"

@@ -199,3 +199,11 @@ def test_caption_of_a_run_evaluated_only_before_and_after_training():
     assert details("eval_greedy/success", curves, once).endswith("evaluated before RL and after the last update")
     often = once.assign(**{"train.eval_every": [10]})
     assert details("eval_greedy/success", curves, often).endswith("evaluated every 10 updates and at the end")
+
+
+def test_caption_gives_the_range_when_refills_vary_the_episodes_per_update():
+    fixed = pd.DataFrame({"metric": ["perf/episodes"] * 3, "value": [32.0, 32.0, 32.0]})
+    assert details("env/success", fixed, pd.DataFrame()) == "32 episodes per update, sampled decoding"
+    refilled = pd.DataFrame({"metric": ["perf/episodes"] * 4, "value": [16.0, 48.0, 32.0, 32.0]})
+    caption = details("env/success", refilled, pd.DataFrame())
+    assert caption == "16-48 episodes per update, median 32, sampled decoding"
