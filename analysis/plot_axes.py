@@ -101,8 +101,9 @@ def details(first: str, curves: pd.DataFrame, results: pd.DataFrame) -> str:
             parts.append(f"evaluated every {every} updates and at the end")
         return ", ".join(p for p in parts if p)
     if first.startswith("env/"):
-        metric = "perf/episodes" if _median(curves, "perf/episodes") else "env/episodes"
-        eps = curves.loc[curves["metric"] == metric, "value"]
+        eps = curves.loc[curves["metric"] == "perf/episodes", "value"]
+        if not len(eps) or not eps.median():  # records without perf/episodes
+            eps = curves.loc[curves["metric"] == "env/episodes", "value"]
         if not len(eps) or not eps.median():
             return "sampled decoding"
         if eps.min() == eps.max():
