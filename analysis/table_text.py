@@ -29,8 +29,10 @@ MARGIN_KEY = "equivalence_margin"
 DEFINITIONS = {  # the column definitions a page states once (its legend) and a table on its own in its notes
     "collapsed_at": "collapse (update): the update at which the collapse detector fired, one per run that "
     "collapsed, in order (collapsed/finished); never = no run collapsed.",
-    "cost": "episodes, gen. tokens (generated, refills included) and wall (wall-clock time) are totals per run, "
-    "mean over seeds; (×r) = r times the baseline of the same config, shown when r differs from 1 by more than 5%.",
+    "cost": "episodes, gen. tokens (generated, refills included) and wall (wall-clock time of the RL updates and "
+    "the evaluations between them; set-up, the evaluation before RL and the last one are not counted) are "
+    "totals per run, mean over seeds; (×r) = r times the baseline of the same config, shown when r differs "
+    "from 1 by more than 5%.",
     "Δ@": "Δ @ equal episodes: cell and baseline compared at the smaller of their two mean episode budgets, "
     "each seed's scores interpolated linearly between the evaluations around that budget (never "
     "extrapolated); shown where the budgets differ by more than 5%.",
