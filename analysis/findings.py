@@ -79,6 +79,8 @@ def _answer(f: dict, margin: float) -> str:
             "equivalent": f"RL leaves {cell} unchanged within ±{margin:g}",
             "degenerate": f"{cell}: no spread across seeds and tasks; nothing to test",
         }.get(v, f"cannot tell whether RL changes {cell}")
+    if f.get("other_tasks") and v in ("higher", "lower"):  # ‡: two task distributions, not two methods
+        return f"{cell} ends {v} than {base} on its own held-out tasks (other tasks than the baseline's)"
     return {
         "better": f"{cell} is better than {base}",
         "worse": f"{cell} is worse than {base}",

@@ -318,6 +318,8 @@ def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
             "interval": block.est[c][block.tested],
             "verdict": v,
             "p_holm": p,
+            # evaluated on other held-out tasks than its baseline's: Δ compares two task distributions
+            "other_tasks": block.tested == DELTA and c in block.other_tasks,
         }
         for c, (v, p) in block.verdicts.items()
     ]

@@ -103,7 +103,8 @@ def _final_updates(results: pd.DataFrame, scores: Scores | None) -> str:
     if scores is not None and scores.per_task:
         ups = sorted({scores.updates(p)[-1] for p in done["point"] if scores.updates(p)})
     else:
-        ups = sorted({int(v) for v in pd.to_numeric(done.get("train.updates"), errors="coerce").dropna()})
+        col = done["train.updates"] if "train.updates" in done else pd.Series(dtype=float)  # absent: no updates known
+        ups = sorted({int(v) for v in pd.to_numeric(col, errors="coerce").dropna()})
     if not ups:
         return "the last evaluation"
     return f"after update {ups[0]}" if len(ups) == 1 else f"after updates {ups[0]}-{ups[-1]}"
@@ -141,7 +142,8 @@ def _verdict_words(margin: float | None) -> str:
         "verdict: better / worse when the contrast's two-sided p-value survives Holm's correction across the "
         f"table's contrasts (family-wise α = 0.05); equivalent when its 90% interval lies inside {within} (two "
         "one-sided tests); undetermined otherwise; degenerate when the contrast has no spread across seeds and "
-        "tasks (no test possible); higher / lower for a metric without a better direction (turns). The contrasts "
+        "tasks (no test possible); higher / lower for a metric without a better direction (turns) and for a Δ "
+        "against a baseline on other held-out tasks (‡: two task distributions, not two methods). The contrasts "
         "are the Δ vs baseline, or the gains in a table without Δ."
     )
 

@@ -113,6 +113,36 @@ def test_holm_keeps_a_contrast_whose_own_interval_excludes_0_undetermined(tmp_pa
     assert "Holm" not in said["noisy"] and "Holm" not in said["large"] and "Holm" not in said["same"]
 
 
+def test_an_established_difference_on_other_tasks_is_lower_never_worse(tmp_path):
+    """A cell evaluated on another map size than its baseline compares two task distributions: its
+    established Δ is "lower" (harder tasks), not "worse" (a worse method), in the table and in the
+    findings' words; a cell on the baseline's own tasks with the same shift stays "worse"."""
+    root, points = tmp_path / "size", []
+    cells = {"base": ([0.0] * 3, 4), "bigger-map": ([-0.39, -0.40, -0.41], 5), "same-map": ([-0.39, -0.40, -0.41], 4)}
+    for cell, (shift, size) in cells.items():
+        for seed in range(3):
+            pid = f"{cell}__seed{seed}"
+            cfg = {"algo": {"variant": cell}, "env": {"options": {"size": size}}, "train": {"seed": seed}}
+            metrics = {"final/eval_greedy/success": BASE[seed] + shift[seed], "init/eval_greedy/success": 0.2}
+            write_point(root, pid, cfg, "done", metrics, [{"update": 0, "diag/kl_k3": 0.0}])
+            overrides = {"algo.variant": cell, "env.options.size": size}
+            points.append({"id": pid, "variant": cell, "label": cell, "seed": seed, "overrides": overrides})
+    baseline = {"algo.variant": "base", "env.options.size": 4}
+    manifest = {"name": "size", "axes": ["algo.variant", "env.options.size"], "baseline": baseline}
+    manifest.update(seeds=[0, 1, 2], points=points, metric="final/eval_greedy/success")
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    t = pd.read_csv(io.StringIO(render(table_for(root), "csv"))).set_index("setting")
+    assert t.loc["bigger-map", "delta:hi"] < 0 and t.loc["bigger-map", "verdict"] == "lower"
+    assert t.loc["same-map", "delta:hi"] < 0 and t.loc["same-map", "verdict"] == "worse"
+    said = {f["cell"]: (f["other_tasks"], answer(f, 0.05)) for f in table_for(root).findings}
+    assert said["bigger-map"] == (
+        True,
+        "bigger-map ends lower than base on its own held-out tasks (other tasks than the baseline's)",
+    )
+    assert said["same-map"] == (False, "same-map is worse than base")
+    assert "for a Δ against a baseline on other held-out tasks" in render(table_for(root), "markdown")
+
+
 def test_degenerate_outputs_are_flagged_not_printed_as_results(tmp_path):
     t = table_for(make_clip_sweep(tmp_path / "clip"))  # dual = ppo + 0.25 on every seed; every start 0
     text = render(t, "markdown")
