@@ -203,14 +203,6 @@ def power(block: Block) -> tuple[Design | None, str]:
     return None, "needs at least 2 seeds with paired results"
 
 
-def _task_shift(block: Block, cell: str, tested: str, verdict: str) -> str:
-    """A Δ against a baseline on other held-out tasks (‡) compares two task distributions: an established
-    difference is "higher" / "lower", never "better" / "worse", which would name a better method."""
-    if tested != DELTA or cell not in block.other_tasks or verdict not in ("better", "worse"):
-        return verdict
-    return "higher" if block.est[cell][tested].value > 0 else "lower"
-
-
 def add_verdicts(block: Block, margin: float, higher_is_better: bool | None) -> None:
     """The verdict of every contrast of the table, Holm-corrected together: every cell's Δ (the
     baselines have none), or every cell's gain in a table without a Δ to test, e.g. a one-cell sweep
@@ -223,8 +215,11 @@ def add_verdicts(block: Block, margin: float, higher_is_better: bool | None) -> 
     cells = tested_cells(tested)
     if not cells:
         return
-    rows = verdicts([block.est[c][tested] for c in cells], margin, higher_is_better)
-    block.verdicts = {c: (_task_shift(block, c, tested, v), p) for c, (v, p) in zip(cells, rows)}
+    # a Δ against a baseline on other held-out tasks (‡) compares two task distributions: an established
+    # difference is "higher" / "lower", never "better" / "worse", which would name a better method
+    sides = [None if tested == DELTA and c in block.other_tasks else higher_is_better for c in cells]
+    rows = verdicts([block.est[c][tested] for c in cells], margin, sides)
+    block.verdicts = dict(zip(cells, rows))
     block.tested = tested
     at = block.columns.index(tested) + 1
     block.columns.insert(at, VERDICT)

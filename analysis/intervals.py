@@ -281,10 +281,12 @@ def verdict(
 
 
 def verdicts(
-    intervals: list[Interval], margin: float = DEFAULT_MARGIN, higher_is_better: bool | None = True
+    intervals: list[Interval], margin: float = DEFAULT_MARGIN, higher_is_better: bool | None | list = True
 ) -> list[tuple[str, float]]:
-    """(verdict, Holm-adjusted p) of every contrast of one sweep, corrected together."""
+    """(verdict, Holm-adjusted p) of every contrast of one sweep, corrected together. `higher_is_better`:
+    one direction for all, or one per contrast (None where a difference has no better side)."""
     p = [i.p_value() if not i.degenerate else math.nan for i in intervals]
     rejected = holm(p)
     adjusted = holm_adjusted(p)
-    return [(verdict(i, r, margin, higher_is_better), a) for i, r, a in zip(intervals, rejected, adjusted)]
+    sides = higher_is_better if isinstance(higher_is_better, list) else [higher_is_better] * len(intervals)
+    return [(verdict(i, r, margin, h), a) for i, r, a, h in zip(intervals, rejected, adjusted, sides)]

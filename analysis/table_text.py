@@ -103,7 +103,7 @@ def _final_updates(results: pd.DataFrame, scores: Scores | None) -> str:
     if scores is not None and scores.per_task:
         ups = sorted({scores.updates(p)[-1] for p in done["point"] if scores.updates(p)})
     else:
-        col = done["train.updates"] if "train.updates" in done else pd.Series(dtype=float)  # absent: no updates known
+        col = done.get("train.updates", pd.Series(dtype=float))  # absent: no updates known
         ups = sorted({int(v) for v in pd.to_numeric(col, errors="coerce").dropna()})
     if not ups:
         return "the last evaluation"
