@@ -1,6 +1,7 @@
 """Figures of a sweep, one per metric family: held-out evaluation (against updates, episodes and
 generated tokens), training rollouts, and diagnostics (KL, entropy, MI estimate, in-group reward
-std) with collapse markers; a reward-hacking probe's truth and exploit; for a mixture of
+std) with collapse markers; a reward-hacking probe's truth and exploit; for off-policy data (a
+stale adapter, a reduced-precision sampler) the sampler-trainer mismatch; for a mixture of
 environments, held-out success per environment. `-m METRIC` draws one figure for that metric.
 
 Every figure has fixed panel sizes and the legend in its own column right of the panels
@@ -46,6 +47,9 @@ FORMATS = ("png", "svg")
 MAX_BANDS = 3  # more lines in a panel: only the baseline's band
 SMALL_MULTIPLES = 6  # a two-axis grid with more cells gets one panel column per value of its first axis
 SMOOTH = 5  # moving-average window of the training family (updates), when a run logs 3 windows or more
+# float32 sampling and recomputation agree to ~1e-11 nats of k3 (the committed sweeps without
+# off-policy data); a stale adapter or a bfloat16 sampler gives 1e-3 or more
+MISMATCH_FLOOR = 1e-8
 ENV_METRIC = re.compile(r"eval_(greedy|sampled)/([^/]+)/success")
 
 
@@ -56,6 +60,7 @@ class Family:
     panels: tuple[tuple[str, tuple[str, ...]], ...]  # (panel title, candidate metrics: first logged wins)
     x: tuple[str, ...]  # x axes, one row of panels each: update, episodes (or budget), tokens
     smooth: bool = False  # draw the SMOOTH-update moving average of each seed
+    floor: float = 0.0  # > 0: drawn only when some logged value of the first panel's metric exceeds it in size
 
 
 FAMILIES = (
@@ -102,6 +107,18 @@ FAMILIES = (
             ("in-group reward std", ("env/group_reward_std",)),
         ),
         ("update",),
+    ),
+    Family(  # off-policy data only: a stale adapter, a bfloat16 sampler (docs/algorithms.md#mismatch-diagnostics)
+        "mismatch",
+        "sampler-trainer mismatch of the sampled tokens' log-probabilities, delta = log p_trainer - log p_sampler",
+        (
+            ("mismatch k3", ("diag/mismatch_k3",)),
+            ("delta, 0.1% quantile", ("diag/mismatch_delta_p0_1",)),
+            ("delta, 99.9% quantile", ("diag/mismatch_delta_p99_9",)),
+            ("effective sample size of the weights", ("diag/mismatch_ess",)),
+        ),
+        ("update",),
+        floor=MISMATCH_FLOOR,
     ),
 )
 CURVE_DEFAULTS = ("eval_greedy/success", "env/success")
@@ -362,10 +379,18 @@ def figures(path: str | Path, metrics: list[str] | None = None) -> dict[str, Fig
     split = len(meta.axes) == 2 and results["label"].nunique() > SMALL_MULTIPLES
     out = {}
     for fam in fams:
+        if fam.floor and not _above_floor(fam, curves):
+            continue
         fig = small_multiples(fam, curves, results) if split else family_figure(fam, curves, results)
         if fig is not None:
             out[fam.name] = fig
     return out
+
+
+def _above_floor(family: Family, curves: pd.DataFrame) -> bool:
+    """Whether some point logs a value of the family's first metric larger in size than its floor."""
+    values = curves.loc[curves["metric"] == family.panels[0][1][0], "value"]
+    return bool((values.abs() > family.floor).any())
 
 
 def save(fig: Figure, out_dir: Path, stem: str, formats: tuple[str, ...] = FORMATS) -> list[Path]:

@@ -17,14 +17,16 @@ X_LABELS = {
 }
 RATE = re.compile(r"(success|_rate|_frac|constrained_mass)$")
 RATE_SPAN = 0.5  # the least height of a rate axis: a step of 1/8 is a quarter of the panel at most
-NONNEGATIVE = re.compile(r"(kl_k3|kl_k2|entropy|_std|tokens|episodes|turns|mi_estimate|rounds)$")
+NONNEGATIVE = re.compile(r"(k3|kl_k2|entropy|_std|tokens|episodes|turns|mi_estimate|rounds)$")
 KL = re.compile(r"kl_k\d$")
+AT_MOST_ONE = re.compile(r"_ess$")  # an effective sample size as a share of the tokens: in (0, 1]
 TOO_TALL = 10.0  # a KL panel whose highest line peaks this many times above the median line's peak: symlog
 
 
 def clipped(b: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Bands drawn inside the quantity's range: a rate in [0, 1], a non-negative quantity from 0."""
-    if RATE.search(metric):
+    """Bands drawn inside the quantity's range: a rate or an effective sample size in [0, 1], a
+    non-negative quantity from 0."""
+    if RATE.search(metric) or AT_MOST_ONE.search(metric):
         return b.assign(lo=b["lo"].clip(0, 1), hi=b["hi"].clip(0, 1))
     if NONNEGATIVE.search(metric):
         return b.assign(lo=b["lo"].clip(lower=0))

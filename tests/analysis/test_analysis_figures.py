@@ -207,3 +207,39 @@ def test_caption_gives_the_range_when_refills_vary_the_episodes_per_update():
     refilled = pd.DataFrame({"metric": ["perf/episodes"] * 4, "value": [16.0, 48.0, 32.0, 32.0]})
     caption = details("env/success", refilled, pd.DataFrame())
     assert caption == "16-48 episodes per update, median 32, sampled decoding"
+
+
+def add_mismatch_curves(root: Path, stale: str | None) -> Path:
+    """Every update logs the sampler-trainer mismatch: float32 rounding (k3 ~1e-12) everywhere, and
+    a stale sampler's mismatch for the points of the `stale` clip level."""
+    for metrics in root.glob("*/metrics.jsonl"):
+        off = stale is not None and f"={stale}__" in metrics.parent.name
+        seed = int(metrics.parent.name[-1])
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for r in rows:
+            k3 = (0.01 + 0.02 * seed) if off and r["update"] > 0 else 1e-12
+            r["diag/mismatch_k3"] = k3
+            r["diag/mismatch_delta_p0_1"] = -40 * k3
+            r["diag/mismatch_delta_p99_9"] = 20 * k3
+            r["diag/mismatch_ess"] = 1.0 - 2 * k3  # seeds spread: a t band over 3 seeds reaches above 1
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_mismatch_figure_only_for_off_policy_data(tmp_path):
+    on_policy = add_mismatch_curves(make_clip_sweep(tmp_path / "on"), stale=None)
+    assert "mismatch" not in figures(on_policy)  # float32 rounding is not a mismatch worth a figure
+    stale = add_mismatch_curves(make_clip_sweep(tmp_path / "stale"), stale="dual")
+    fig = figures(stale)["mismatch"]
+    assert "sampler-trainer mismatch" in fig._suptitle.get_text().replace("\n", " ")
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible() and ax.get_title()}
+    assert set(panels) == {
+        "mismatch k3",
+        "delta, 0.1% quantile",
+        "delta, 99.9% quantile",
+        "effective sample size of the weights",
+    }
+    assert panels["mismatch k3"].get_ylim()[0] <= 0 <= panels["mismatch k3"].get_ylim()[0] + 0.01
+    ess = panels["effective sample size of the weights"]
+    tops = [p.get_paths()[0].vertices[:, 1].max() for p in ess.collections if p.get_paths()]
+    assert tops and max(tops) <= 1.0  # the seeds' band is cut at an ESS of 1
