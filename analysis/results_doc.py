@@ -131,6 +131,7 @@ class Section:
     baseline_run: frozenset[str] = field(default_factory=frozenset)
     status: str = ""  # why there is no table: not run yet, unreadable, kept from the previous page
     kept_rows: list[str] = field(default_factory=list)  # its findings rows on the previous page, verbatim
+    kept: bool = False  # the section is the previous page's (no results folder)
 
 
 def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures: Path) -> None:
@@ -226,6 +227,7 @@ def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) ->
         body, sec.kept_rows = kept[sf.name]
         sec.lines += [KEPT.format(root=shown(root), name=sf.name, sweep=shown(sf.path)), ""] + body
         sec.status = KEPT_ROW
+        sec.kept = True
     elif not folder.is_dir():
         sec.lines += [f"Not run yet: `harness sweep {shown(sf.path)}` writes `{shown(root)}/{sf.name}`.", ""]
         sec.status = "not run yet"
@@ -286,6 +288,7 @@ def write_results_doc(
     if moved is not None:
         transfer.check_sweeps(moved, notes / transfer.TRANSFER, [sf.name for sf in files])
     kept = previous_sections(out, [sf.name for sf in files]) if keep else {}
+    kept_transfer = transfer.previous_rows(out) if keep else {}
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
     lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked)]
@@ -294,7 +297,7 @@ def write_results_doc(
     parts = ([transfer.TITLE] if moved is not None else []) + [t for t, _ in front] + ["How to read the tables"]
     lines += _contents(sections, parts)
     if moved is not None:
-        lines += transfer.lines(moved, {s.sf.name: s for s in sections})
+        lines += transfer.lines(moved, {s.sf.name: s for s in sections}, kept_transfer)
     for title, path in front:
         lines += [f"## {title}", "", path.read_text(encoding="utf-8").strip(), ""]
     lines += ["## How to read the tables", "", READING.rstrip(), ""] + [f"- {item}" for item in legend("pm")] + [""]

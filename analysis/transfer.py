@@ -27,11 +27,18 @@ the tiny model's (gain minus gain for a gain row), with a 95% t interval whose s
 two sides' combined (the experiments are independent: other models, other runs) and whose degrees of
 freedom are Welch-Satterthwaite's from the two sides' own (docs/algorithms.md#statistics).
 It is not adjusted across rows.
+
+A sweep whose results folder is absent keeps its section from the previous page (analysis.results_doc);
+its side of a row is then the previous page's cell for it, verbatim, with the verdict read from that
+text, so that regenerating the page on a clone without the tiny sweeps' results changes no row. The size
+column needs both sides' standard errors, which the page does not hold: it is kept from the previous
+page when the other side's cell is unchanged, else a dash that says why.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +53,9 @@ TITLE = "Transfer to a pretrained model"
 SIDES = ("tiny", "real")
 OPPOSITE = {frozenset(("better", "worse")), frozenset(("higher", "lower"))}
 DETERMINED = {*DIRECTIONS, "equivalent"}
+# a side's cell as _cell writes it: "Δ -0.05 [-0.17, 0.07] undetermined ([clipping](#clipping))"
+CELL_VERDICT = re.compile(r"^(?:Δ|gain) \S+ \[[^\]]*\] (\w+) \(\[")
+KEPT_SIZE = "— (a side kept from the previous page)"
 
 
 @dataclass(frozen=True)
@@ -121,9 +131,16 @@ class _Found:
     interval: Interval | None = None
 
 
-def _cell(side: Side | None, sections: dict) -> _Found:
+def _kept(side: Side | None, sections: dict) -> bool:
+    return side is not None and getattr(sections[side.sweep], "kept", False)
+
+
+def _cell(side: Side | None, sections: dict, before: str | None = None) -> _Found:
+    """One side of a row; `before` is the previous page's cell for a side whose section was kept."""
     if side is None:
         return _Found("no such contrast")
+    if before is not None and _kept(side, sections) and (m := CELL_VERDICT.match(before)):
+        return _Found(before, m.group(1))
     sec = sections[side.sweep]  # check_sweeps: every side names a sweep file
     if sec.table is None:
         return _Found(f"[{side.sweep}](#{side.sweep}): {sec.status or 'no table'}")
@@ -156,9 +173,26 @@ def check_sweeps(sp: Spec, path: Path, names: list[str]) -> None:
                 )
 
 
-def lines(sp: Spec, sections: dict) -> list[str]:
+def _split(row: str) -> list[str]:
+    """The cells of a markdown table row, with escaped bars restored."""
+    return [c.strip().replace(r"\|", "|") for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+def previous_rows(page: Path) -> dict[str, list[str]]:
+    """The transfer table of the page being replaced: {contrast: [contrast, tiny, real, relation, size]}."""
+    if not page.is_file():
+        return {}
+    text = page.read_text(encoding="utf-8")
+    if f"\n## {TITLE}\n" not in text:
+        return {}
+    section = text.split(f"\n## {TITLE}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [_split(line) for line in section.splitlines() if line.startswith("| ")][2:]  # below head and rule
+    return {r[0]: r for r in rows if len(r) == 5}
+
+
+def lines(sp: Spec, sections: dict, previous: dict[str, list[str]] | None = None) -> list[str]:
     """The page's transfer section: sections is {sweep name: analysis.results_doc.Section}, holding
-    every sweep the rows name (check_sweeps)."""
+    every sweep the rows name (check_sweeps); previous is the replaced page's rows (previous_rows)."""
     head = [
         f"## {TITLE}",
         "",
@@ -175,7 +209,12 @@ def lines(sp: Spec, sections: dict) -> list[str]:
     ]
     body = []
     for r in sp.rows:
-        tiny, real = _cell(r.tiny, sections), _cell(r.real, sections)
-        cells = (r.contrast, tiny.text, real.text, relation(tiny.verdict, real.verdict), _difference(tiny, real))
+        old = (previous or {}).get(r.contrast)
+        tiny, real = (_cell(s, sections, old[i] if old else None) for i, s in ((1, r.tiny), (2, r.real)))
+        size = _difference(tiny, real)
+        if _kept(r.tiny, sections) or _kept(r.real, sections):
+            same = old is not None and (old[1], old[2]) == (tiny.text, real.text)
+            size = old[4] if same else KEPT_SIZE
+        cells = (r.contrast, tiny.text, real.text, relation(tiny.verdict, real.verdict), size)
         body.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
     return head + body + [""]

@@ -139,3 +139,29 @@ def test_transfer_table_compares_sizes_of_the_same_kind_only(tmp_path):
     assert same[4].strip().startswith("+0.00 [") and d[0] == pytest.approx(-d[1], abs=0.011)
     assert d[1] - d[0] > side[1] - side[0]  # two independent errors add
     assert rows[3][4].strip() == "—" and rows[4][4].strip() == "—"  # a side without a verdict / no such contrast
+
+
+def _transfer_rows(text: str) -> list[list[str]]:
+    section = text.split("\n## Transfer to a pretrained model\n")[1].split("\n## ")[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| ")]
+
+
+def test_a_kept_side_keeps_its_row_when_the_page_is_regenerated_without_its_results(tmp_path):
+    root, sweeps, out = _page(tmp_path, ROWS)
+    before = _transfer_rows(write_results_doc(root, out, sweeps).read_text())
+    shutil.rmtree(root / "filters")  # a clone without the tiny sweep's results: its section is kept
+    text = write_results_doc(root, out, sweeps).read_text()
+    assert "_Kept from the previous version of this page: `" in text
+    after = _transfer_rows(text)
+    assert after == before  # verdicts, relation and the size column, unchanged
+    assert after[2][3] == "agree" and after[2][4].startswith("+0.00 [")
+    # the other side changed since: the verdicts still relate, the size cannot be recomputed
+    page = out.read_text().replace("([filters_real](#filters_real)) | agree |", "([filters_real](#x)) | agree |", 1)
+    out.write_text(page)
+    changed = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
+    assert changed[1] == before[2][1] and changed[2] == before[2][2]
+    assert changed[3] == "agree" and changed[4] == "— (a side kept from the previous page)"
+    # no previous page: the kept section's status, as before
+    out.unlink()
+    bare = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
+    assert bare[1] == "[filters](#filters): not run yet" and bare[3] == "—"
