@@ -48,7 +48,7 @@ MAX_BANDS = 3  # more lines in a panel: only the baseline's band
 SMALL_MULTIPLES = 6  # a two-axis grid with more cells gets one panel column per value of its first axis
 SMOOTH = 5  # moving-average window of the training family (updates), when a run logs 3 windows or more
 # float32 sampling and recomputation agree to ~1e-11 nats of k3 (the committed sweeps without
-# off-policy data); a stale adapter or a bfloat16 sampler gives 1e-3 or more
+# off-policy data); a stale adapter or a bfloat16 sampler gives 1e-5 or more
 MISMATCH_FLOOR = 1e-8
 ENV_METRIC = re.compile(r"eval_(greedy|sampled)/([^/]+)/success")
 

@@ -132,14 +132,15 @@ class _Found:
 
 
 def _kept(side: Side | None, sections: dict) -> bool:
-    return side is not None and getattr(sections[side.sweep], "kept", False)
+    return side is not None and sections[side.sweep].kept
 
 
 def _cell(side: Side | None, sections: dict, before: str | None = None) -> _Found:
     """One side of a row; `before` is the previous page's cell for a side whose section was kept."""
     if side is None:
         return _Found("no such contrast")
-    if before is not None and _kept(side, sections) and (m := CELL_VERDICT.match(before)):
+    link = f"([{side.sweep}](#{side.sweep}))"  # a cell of another sweep (the row was edited) is not reused
+    if before is not None and _kept(side, sections) and before.endswith(link) and (m := CELL_VERDICT.match(before)):
         return _Found(before, m.group(1))
     sec = sections[side.sweep]  # check_sweeps: every side names a sweep file
     if sec.table is None:

@@ -161,6 +161,10 @@ def test_a_kept_side_keeps_its_row_when_the_page_is_regenerated_without_its_resu
     changed = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
     assert changed[1] == before[2][1] and changed[2] == before[2][2]
     assert changed[3] == "agree" and changed[4] == "— (a side kept from the previous page)"
+    # a previous cell from another sweep (the row was edited since) is not taken for this one
+    out.write_text(out.read_text().replace("equivalent ([filters](#filters)) |", "equivalent ([other](#other)) |", 1))
+    edited = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
+    assert edited[1].startswith("[filters](#filters): table kept") and edited[3] == "—"
     # no previous page: the kept section's status, as before
     out.unlink()
     bare = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
