@@ -165,7 +165,7 @@ def test_a_kept_side_keeps_its_row_when_the_page_is_regenerated_without_its_resu
     out.write_text(out.read_text().replace("equivalent ([filters](#filters)) |", "equivalent ([other](#other)) |", 1))
     edited = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
     assert edited[1].startswith("[filters](#filters): table kept") and edited[3] == "—"
-    # no previous page: the kept section's status, as before
+    # no previous page: nothing to keep, the sweep without results is "not run yet"
     out.unlink()
     bare = _transfer_rows(write_results_doc(root, out, sweeps).read_text())[2]
     assert bare[1] == "[filters](#filters): not run yet" and bare[3] == "—"
