@@ -15,7 +15,9 @@ analysis.plot) and a hand-written part: docs/results_notes/<sweep>.md, included 
 it survives every regeneration. A sweep without results gets the command that would produce them,
 unless the page being replaced already holds a table for it: that section (and its findings rows) is
 kept under a line saying so (`keep=True`, the default), so sweeps can be re-run and the page
-regenerated one sweep at a time without losing the others.
+regenerated one sweep at a time without losing the others. The same holds for a study's printout
+when its Optuna storage is absent, and for a kept sweep's place in the sentences on shared baseline
+runs (each section with results carries its baseline run's config hashes in a hidden line).
 Paths are shown relative to the working directory (a results root elsewhere by its own name), so no
 page names a folder of the machine that built it.
 """
@@ -140,6 +142,7 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
     meta = results.attrs["sweep"]
     done = results[results["status"].isin(FINISHED)]
     command = meta.raw.get("command") or f"harness sweep {shown(sf.path)} (reconstructed: not recorded)"
+    sec.baseline_run = findings.baseline_runs(results)
     lines = [
         f"- Command: `{command}`",
         f"- Seeds: {', '.join(map(str, meta.seeds)) or 'unknown'}",
@@ -147,8 +150,10 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
         f"- Results: `{shown(root)}/{sf.name}`; {status_line(results)}",
         "",
     ]
+    if sec.baseline_run:  # read back when the section is kept, for the sentence on shared baseline runs
+        lines += [BASELINE_RUN.format(" ".join(sorted(sec.baseline_run))), ""]
     table = table_for(folder, margin=sf.margin)
-    sec.table, sec.baseline_run = table, findings.baseline_runs(results)
+    sec.table = table
     sec.margin = sf.margin if sf.margin is not None else margin_of(meta.raw, f"{folder.name}/sweep.json")
     lines += [to_markdown(table, footer=False, shared_legend=True).rstrip(), ""]
     if table.missing:
@@ -172,15 +177,26 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
 
 KEPT = (
     "_Kept from the previous version of this page: `{root}/{name}` was not there when the page was "
-    "regenerated. A table without a verdict column predates the verdict rule; `harness sweep {sweep}` and "
-    "`make results-doc` replace this section._"
+    "regenerated.{old} `harness sweep {sweep}` and `make results-doc` replace this section._"
 )
+KEPT_OLD = " Its table has no verdict column: it predates the verdict rule."
 KEPT_ROW = "table kept from a page without its verdict: re-run the sweep"
+KEPT_STUDY = (
+    "_Kept from the previous version of this page: `{root}/{name}/{db}` was not there when the page was "
+    "regenerated; `harness tune {sweep}` and `make results-doc` replace this section._"
+)
+# A hidden line in every section with results: its baseline run's config hashes, so that a kept section
+# still joins the sentence on sweeps that share a baseline run (analysis.findings.shared_baselines).
+BASELINE_RUN = "<!-- baseline run (config hashes): {} -->"
+_BASELINE_RUN = re.compile(r"^<!-- baseline run \(config hashes\): (.+) -->$")
+_STUDY_PRINTS = re.compile(r"^An Optuna study; `harness tune .+` prints:$")
+_SHARED = re.compile(r"^The sweeps (.+?) share (?:one|baseline)")
 
 
 def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str], list[str]]]:
-    """From the page being replaced: for every sweep whose section holds results (a `- Command:` line),
-    the section's body from that line up to its notes, and the sweep's rows of the findings table."""
+    """From the page being replaced: for every sweep whose section holds results (a `- Command:` line,
+    or a study's printout), the section's body from that line up to its notes, and the sweep's rows of
+    the findings table."""
     if not page.is_file():
         return {}
     text = page.read_text(encoding="utf-8")
@@ -190,7 +206,8 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
     for (start, name), (end, _) in zip(heads, heads[1:] + [(len(text), "")]):
         lines = text[start:end].split("\n")
         notes = lines.index("### Notes") if "### Notes" in lines else len(lines)
-        first = next((i for i, line in enumerate(lines[:notes]) if line.startswith("- Command: ")), None)
+        starts = lambda line: line.startswith("- Command: ") or _STUDY_PRINTS.match(line)  # noqa: E731
+        first = next((i for i, line in enumerate(lines[:notes]) if starts(line)), None)
         if first is None:
             continue
         body = lines[first:notes]
@@ -198,6 +215,19 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
             body.pop()
         found = [line for line in page_lines if line.startswith(f"| [{name}](#{name}) |")]
         out[name] = (body + [""], found)
+    return out
+
+
+def previous_shared(page: Path) -> list[tuple[str, list[str]]]:
+    """The sentences on shared baseline runs of the page being replaced, each with the sweeps it names."""
+    if not page.is_file():
+        return []
+    findings_part = page.read_text(encoding="utf-8").split("\n## Contents\n")[0]
+    out = []
+    for line in findings_part.split("\n"):
+        m = _SHARED.match(line)
+        if m:
+            out.append((line, re.split(r", | and ", m.group(1))))
     return out
 
 
@@ -220,12 +250,20 @@ def _study_lines(sf: SweepFile, root: Path) -> list[str]:
 def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) -> Section:
     sec = Section(sf, [f"## {sf.name}", ""] + ([sf.description, ""] if sf.description else []))
     folder = root / sf.name
-    if sf.study:
+    if sf.study and not (folder / OPTUNA_DB).is_file() and sf.name in kept:
+        body, _ = kept[sf.name]  # the printout of a study whose storage is not here
+        sec.lines += [KEPT_STUDY.format(root=shown(root), name=sf.name, db=OPTUNA_DB, sweep=shown(sf.path)), ""]
+        sec.lines += body
+        sec.status = "a tuning study"
+        sec.kept = True
+    elif sf.study:
         sec.lines += _study_lines(sf, root)
         sec.status = "a tuning study"
     elif not folder.is_dir() and sf.name in kept:
         body, sec.kept_rows = kept[sf.name]
-        sec.lines += [KEPT.format(root=shown(root), name=sf.name, sweep=shown(sf.path)), ""] + body
+        old = "" if any("| verdict |" in line for line in body) else KEPT_OLD
+        sec.lines += [KEPT.format(root=shown(root), name=sf.name, sweep=shown(sf.path), old=old), ""] + body
+        sec.baseline_run = frozenset(h for line in body if (m := _BASELINE_RUN.match(line)) for h in m[1].split())
         sec.status = KEPT_ROW
         sec.kept = True
     elif not folder.is_dir():
@@ -240,7 +278,7 @@ def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) ->
     return sec
 
 
-def _findings(sections: list[Section], asked: dict[str, str]) -> list[str]:
+def _findings(sections: list[Section], asked: dict[str, str], previous: list[tuple[str, list[str]]]) -> list[str]:
     rows: list = []
     for sec in sections:
         if sec.sf.study:
@@ -259,6 +297,11 @@ def _findings(sections: list[Section], asked: dict[str, str]) -> list[str]:
         "",
     ]
     shared = findings.shared_baselines({s.sf.name: s.baseline_run for s in sections})
+    # a sentence of a page older than the hidden baseline lines stays while every sweep it names is kept
+    # without them (nothing it says can have changed); once one of them is re-run the sentence is
+    # recomputed, and a kept section without the line drops out of it until its sweep is re-run too
+    blind = {s.sf.name for s in sections if s.kept and not s.baseline_run and not s.sf.study}
+    shared += [line for line, names in previous if set(names) <= blind]
     return lines + findings.markdown(rows) + ([""] + shared if shared else []) + [""]
 
 
@@ -291,7 +334,8 @@ def write_results_doc(
     kept_transfer = transfer.previous_rows(out) if keep else {}
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
-    lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked)]
+    previous = previous_shared(out) if keep else []
+    lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked, previous)]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]
     parts = ([transfer.TITLE] if moved is not None else []) + [t for t, _ in front] + ["How to read the tables"]

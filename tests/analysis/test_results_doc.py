@@ -128,6 +128,17 @@ def test_results_doc_prints_a_studys_trials(tmp_path):
     assert "algo.lr = 0.0003" in section
     first = out.read_text()
     assert cli("results-doc", root, "--out", out, "--sweeps", sweeps).exit_code == 0 and out.read_text() == first
+    # regenerated where the storage is absent (a fresh clone): the printout is kept, marked as such
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert cli("results-doc", elsewhere, "--out", out, "--sweeps", sweeps).exit_code == 0
+    kept = out.read_text().split("## study")[1]
+    assert "_Kept from the previous version of this page: `elsewhere/study/optuna.db` was not there" in kept
+    assert kept.split("prints:", 1)[1] == section.split("prints:", 1)[1]
+    assert cli("results-doc", elsewhere, "--out", out, "--sweeps", sweeps).exit_code == 0
+    assert out.read_text().split("## study")[1] == kept  # idempotent
+    assert cli("results-doc", elsewhere, "--out", out, "--sweeps", sweeps, "--no-keep").exit_code == 0
+    assert "An Optuna study, not run yet" in out.read_text()
 
 
 def test_a_sweep_not_in_the_root_keeps_its_section_and_findings_until_it_is_re_run(tmp_path):

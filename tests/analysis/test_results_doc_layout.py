@@ -85,3 +85,39 @@ def test_sweeps_whose_baseline_runs_overlap_are_named_together():
     (line,) = shared_baselines({"a": frozenset("x"), "b": frozenset("y"), "c": frozenset("xy")})
     assert line.startswith("The sweeps a, b and c share baseline runs (1 to 2 seeds each")
     assert shared_baselines({"a": frozenset("x"), "b": frozenset("y")}) == []
+
+
+def test_a_kept_sweep_stays_in_the_sentence_on_shared_baseline_runs(tmp_path):
+    """Regenerating from a root that lacks one of two sweeps sharing a baseline run: the kept section's
+    hidden line of config hashes keeps it in the sentence. A page older than those lines keeps its
+    sentence verbatim while every sweep it names is kept, and recomputes it once one is re-run."""
+    import shutil
+
+    text = _page(tmp_path)
+    out = tmp_path / "docs" / "results.md"
+    sentence = next(line for line in text.splitlines() if line.startswith("The sweeps filters and filters_again"))
+    assert text.count("<!-- baseline run (config hashes): ") == 2
+    sweeps, part = tmp_path / "sweeps", tmp_path / "part"
+    make_task_sweep(part / "filters")  # filters_again is kept from the page
+    write_results_doc(part, out, sweeps)
+    after = out.read_text(encoding="utf-8")
+    assert "_Kept from the previous version of this page: `part/filters_again`" in after
+    assert sentence in after.split("## Contents")[0]
+
+    # the page as written before the hidden lines: both sweeps kept, the sentence survives as it was
+    old = "\n".join(line for line in text.splitlines() if not line.startswith("<!-- baseline run")) + "\n"
+    out.write_text(old, encoding="utf-8")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_results_doc(empty, out, sweeps)
+    assert sentence in out.read_text(encoding="utf-8").split("## Contents")[0]
+    # one of them re-run: the sentence is recomputed, and the kept one without hashes is not in it
+    out.write_text(old, encoding="utf-8")
+    write_results_doc(part, out, sweeps)
+    assert "The sweeps " not in out.read_text(encoding="utf-8").split("## Contents")[0]
+    # and with the hidden lines nothing is lost even when every sweep is kept
+    shutil.rmtree(part)
+    part.mkdir()
+    out.write_text(text, encoding="utf-8")
+    write_results_doc(part, out, sweeps)
+    assert sentence in out.read_text(encoding="utf-8").split("## Contents")[0]
