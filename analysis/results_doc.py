@@ -203,10 +203,10 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
     page_lines = text.split("\n")
     heads = [(m.start(), m.group(1)) for m in re.finditer(r"^## (\S+)$", text, re.M) if m.group(1) in names]
     out = {}
+    starts = lambda line: line.startswith("- Command: ") or _STUDY_PRINTS.match(line)  # noqa: E731
     for (start, name), (end, _) in zip(heads, heads[1:] + [(len(text), "")]):
         lines = text[start:end].split("\n")
         notes = lines.index("### Notes") if "### Notes" in lines else len(lines)
-        starts = lambda line: line.startswith("- Command: ") or _STUDY_PRINTS.match(line)  # noqa: E731
         first = next((i for i, line in enumerate(lines[:notes]) if starts(line)), None)
         if first is None:
             continue
@@ -250,15 +250,15 @@ def _study_lines(sf: SweepFile, root: Path) -> list[str]:
 def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) -> Section:
     sec = Section(sf, [f"## {sf.name}", ""] + ([sf.description, ""] if sf.description else []))
     folder = root / sf.name
-    if sf.study and not (folder / OPTUNA_DB).is_file() and sf.name in kept:
-        body, _ = kept[sf.name]  # the printout of a study whose storage is not here
-        sec.lines += [KEPT_STUDY.format(root=shown(root), name=sf.name, db=OPTUNA_DB, sweep=shown(sf.path)), ""]
-        sec.lines += body
+    if sf.study:
         sec.status = "a tuning study"
-        sec.kept = True
-    elif sf.study:
-        sec.lines += _study_lines(sf, root)
-        sec.status = "a tuning study"
+        if (folder / OPTUNA_DB).is_file() or sf.name not in kept:
+            sec.lines += _study_lines(sf, root)
+        else:  # the printout of a study whose storage is not here
+            body, _ = kept[sf.name]
+            sec.lines += [KEPT_STUDY.format(root=shown(root), name=sf.name, db=OPTUNA_DB, sweep=shown(sf.path)), ""]
+            sec.lines += body
+            sec.kept = True
     elif not folder.is_dir() and sf.name in kept:
         body, sec.kept_rows = kept[sf.name]
         old = "" if any("| verdict |" in line for line in body) else KEPT_OLD
