@@ -7,11 +7,14 @@ versions of the numeric packages. Parallel points race for a file lock; the firs
 temporary folder and renames it into place (atomic on one filesystem), the others wait and then
 read. A folder without its `DONE` marker is never read.
 
-A build runs on up to `BUILD_THREADS` CPU threads whatever `train.threads` says: the other points
-are blocked on its lock meanwhile, so their cores would idle. On this project's tiny models the
-result is bit-identical to a one-thread build (tests/harness/model/test_models.py checks the tiny model
-and the SFT warm-up; the shipped clipping sweep's metrics, evaluation before RL included, were
-compared byte for byte). The record says how many threads built the entry.
+A build runs on min(`BUILD_THREADS`, the cores the process may use) CPU threads whatever
+`train.threads` says: the other points are blocked on its lock meanwhile, so their cores would idle.
+That width depends on the machine only, never on which point happens to build the entry, because the
+result can depend on it: on the AMD EPYC machines this project first ran on, a 2-thread build of the
+tiny model and its SFT warm-up was bit-identical to a 1-thread one, but on an Intel Xeon with AMX
+(2026-12-06, the same packages) 41 of the tiny model's 50 tensors differ, by up to 1.3e-6. So an entry
+is bit-reproducible for the same config, packages, CPU type and core count (docs/trainer.md,
+determinism). The record says how many threads built the entry.
 """
 
 from __future__ import annotations
@@ -58,11 +61,12 @@ def code_version(*objs: Any) -> str:
 
 @contextmanager
 def build_threads() -> Iterator[int]:
-    """Raise torch's CPU thread count for a cache build (never lower it), then restore it."""
+    """Set torch's CPU thread count for a cache build to the machine's build width (module docstring),
+    whatever the caller's, then restore the caller's."""
     import torch
 
     before = torch.get_num_threads()
-    n = max(before, min(BUILD_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    n = min(BUILD_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     torch.set_num_threads(n)
     try:
         yield n
