@@ -193,13 +193,10 @@ _STUDY_PRINTS = re.compile(r"^An Optuna study; `harness tune .+` prints:$")
 _SHARED = re.compile(r"^The sweeps (.+?) share (?:one|baseline)")
 
 
-def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str], list[str]]]:
-    """From the page being replaced: for every sweep whose section holds results (a `- Command:` line,
-    or a study's printout), the section's body from that line up to its notes, and the sweep's rows of
-    the findings table."""
-    if not page.is_file():
-        return {}
-    text = page.read_text(encoding="utf-8")
+def previous_sections(text: str, names: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """From the text of the page being replaced (empty where there is none): for every sweep whose
+    section holds results (a `- Command:` line, or a study's printout), the section's body from that
+    line up to its notes, and the sweep's rows of the findings table."""
     page_lines = text.split("\n")
     heads = [(m.start(), m.group(1)) for m in re.finditer(r"^## (\S+)$", text, re.M) if m.group(1) in names]
     out = {}
@@ -218,11 +215,10 @@ def previous_sections(page: Path, names: list[str]) -> dict[str, tuple[list[str]
     return out
 
 
-def previous_shared(page: Path) -> list[tuple[str, list[str]]]:
-    """The sentences on shared baseline runs of the page being replaced, each with the sweeps it names."""
-    if not page.is_file():
-        return []
-    findings_part = page.read_text(encoding="utf-8").split("\n## Contents\n")[0]
+def previous_shared(text: str) -> list[tuple[str, list[str]]]:
+    """The sentences on shared baseline runs of the page being replaced (its text; empty where there
+    is none), each with the sweeps it names."""
+    findings_part = text.split("\n## Contents\n")[0]
     out = []
     for line in findings_part.split("\n"):
         m = _SHARED.match(line)
@@ -330,11 +326,12 @@ def write_results_doc(
     moved = transfer.spec(notes)
     if moved is not None:
         transfer.check_sweeps(moved, notes / transfer.TRANSFER, [sf.name for sf in files])
-    kept = previous_sections(out, [sf.name for sf in files]) if keep else {}
-    kept_transfer = transfer.previous_rows(out) if keep else {}
+    before = out.read_text(encoding="utf-8") if keep and out.is_file() else ""  # the page being replaced
+    kept = previous_sections(before, [sf.name for sf in files])
+    kept_transfer = transfer.previous_rows(before)
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
-    previous = previous_shared(out) if keep else []
+    previous = previous_shared(before)
     lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked, previous)]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]

@@ -179,11 +179,9 @@ def _split(row: str) -> list[str]:
     return [c.strip().replace(r"\|", "|") for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
 
 
-def previous_rows(page: Path) -> dict[str, list[str]]:
-    """The transfer table of the page being replaced: {contrast: [contrast, tiny, real, relation, size]}."""
-    if not page.is_file():
-        return {}
-    text = page.read_text(encoding="utf-8")
+def previous_rows(text: str) -> dict[str, list[str]]:
+    """The transfer table of the page being replaced (its text; empty where there is none):
+    {contrast: [contrast, tiny, real, relation, size]}."""
     if f"\n## {TITLE}\n" not in text:
         return {}
     section = text.split(f"\n## {TITLE}\n", 1)[1].split("\n## ", 1)[0]
