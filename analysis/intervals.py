@@ -147,6 +147,28 @@ def grid_interval(y: np.ndarray) -> Interval:
     return _interval(value, *_grid_parts(mean_squares(y), n, m), n, m)
 
 
+def interval_arrays(mean, ms_seed, ms_task, ms_res, n: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(value, se, df) of many n x m grids at once from their means and mean squares (arrays of one
+    shape): the rule of `grid_interval`, vectorised for the simulations of analysis.sequential.
+    n >= 2 seeds."""
+    mean, ms_seed, ms_task, ms_res = (np.asarray(x, dtype=float) for x in (mean, ms_seed, ms_task, ms_res))
+    seed = ms_seed / (n * m)
+    if m > 1:
+        t_plus, t_minus = ms_task / (n * m), ms_res / (n * m)
+    else:
+        t_plus = t_minus = np.zeros_like(seed)
+    task = t_plus - t_minus
+    has_task = task > 0  # a task term at or below 0 is dropped, as in `_interval`
+    se2 = seed + np.where(has_task, task, 0.0)
+    # Satterthwaite over every part only when the task term is the larger; else the seed term's n - 1
+    all_parts = has_task & (seed < task)
+    denom = seed**2 / (n - 1) + t_plus**2 / max(m - 1, 1) + t_minus**2 / max((n - 1) * (m - 1), 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        satterthwaite = np.where(denom > 0, se2**2 / denom, n - 1.0)
+    df = np.maximum(np.where(all_parts, satterthwaite, n - 1.0), 1.0)
+    return mean, np.sqrt(np.maximum(se2, 0.0)), df
+
+
 @dataclass(frozen=True)
 class Design:
     """Mean squares (MS_seed, MS_task, MS_res) of n x m paired differences, averaged over a sweep's
