@@ -155,6 +155,9 @@ class RunConfig(Strict):
                 f"learner's rollout loop; set rollout.concurrent: false or reward.process: none"
             )
         self._check_sft_budget()
+        problem = learner_problem(self)
+        if problem:
+            raise ValueError(problem)
         if self.rollout.backend == "vllm":
             problem = vllm_backend_problem(self)
             if problem:
@@ -175,6 +178,44 @@ class RunConfig(Strict):
                 f"than one RL update (rollout.tasks_per_update * rollout.group_size = {per_update} episodes): "
                 f"raise sft.budget to at least {sft_cost + per_update:g} or lower sft.demos"
             )
+
+
+def learner_problem(cfg: RunConfig) -> str | None:
+    """Why `train.learner` cannot run `cfg` as written (None: it can), with the key to change."""
+    ln, r, kl = cfg.train.learner, cfg.rollout, cfg.algo.kl
+    head = "train.learner.behaviour 'sampler'"
+    checks = [
+        (r.sampler_dtype != "same", f"rollout.sampler_dtype = {r.sampler_dtype!r}: the sampler is another precision"),
+        (r.staleness > 0, f"rollout.staleness = {r.staleness}: the sampler is an older policy"),
+        (r.concurrent, "rollout.concurrent = true: the sampler runs in another process, up to k updates behind"),
+        (r.cross_policy.members > 0, "rollout.cross_policy.members > 0: stale pool members sample some turns"),
+        (r.backend not in ("hf", "static"), f"rollout.backend = {r.backend!r}: that engine records no entropies"),
+        (
+            cfg.algo.correction.name != "none",
+            f"algo.correction.name = {cfg.algo.correction.name!r}: the sampler is the behaviour policy, "
+            "so there is nothing to correct",
+        ),
+        (
+            not cfg.context.mask_observations,
+            "context.mask_observations = false: observation tokens are trained, and the sampler drew no "
+            "log-prob for them",
+        ),
+    ]
+    if ln.behaviour == "sampler":
+        for bad, why in checks:
+            if bad:
+                return (
+                    f"{head} takes the sampler's log-probs as the behaviour policy's, which needs the sampler to "
+                    f"be the trainer's own model; here {why}. Set train.learner.behaviour: recompute or change that key"
+                )
+    trained = kl.estimator != "none" and kl.coef > 0
+    if ln.reference_every > 1 and trained:
+        return (
+            f"train.learner.reference_every = {ln.reference_every} with a KL to the reference in the "
+            f"{kl.where} (algo.kl.estimator {kl.estimator!r}, coef {kl.coef:g}): the reference log-probs are "
+            f"needed every update; set train.learner.reference_every: 1 or algo.kl.coef: 0"
+        )
+    return None
 
 
 # vLLM's LoRA layers: the largest rank it accepts (vllm.config.lora.MaxLoRARanks), and the modules of a

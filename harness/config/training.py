@@ -105,6 +105,34 @@ class RolloutConfig(Strict):
         return self
 
 
+class LearnerConfig(Strict):
+    """Which passes an update runs (harness.rl.plan; docs/trainer.md#update-plan). The defaults run every
+    pass as the trainer always has; each other value is named in the run's metrics (plan/*)."""
+
+    behaviour: Literal["recompute", "sampler"] = F(
+        "recompute",
+        "Where the behaviour log-probs (and the entropy diagnostic) come from. recompute: a no-gradient pass of "
+        "the trainer's model over every row. sampler: the log-probs and entropies our sampler recorded while "
+        "drawing the tokens, where the sampler is the trainer's own model (rollout.sampler_dtype: same, "
+        "rollout.staleness: 0, no cross-policy pool, rollout.backend hf or static); they differ from the "
+        "recomputed ones by float rounding only (a KV-cached pass against a whole-sequence one). verl's "
+        "rollout-correction bypass mode makes the same choice. A critic's values still need the pass: with "
+        "algo.critic.enabled the update recomputes.",
+    )
+    reference_every: int = F(
+        1,
+        "Reference log-probs every k updates (and at update 1). Only where they feed a diagnostic alone (diag/kl_*): "
+        "with a KL term trained (algo.kl.where: loss, coef > 0) or in the reward, k must be 1. The updates in "
+        "between log no diag/kl_* value.",
+        ge=1,
+        le=MAX_COUNT,
+    )
+
+    @property
+    def is_default(self) -> bool:
+        return self.behaviour == "recompute" and self.reference_every == 1
+
+
 class TrainConfig(Strict):
     updates: int = F(40, "RL updates.", ge=0, le=MAX_COUNT)
     eval_every: int = F(
@@ -120,6 +148,7 @@ class TrainConfig(Strict):
         10, "Mutual-information proxy of template collapse (RAGEN-2) every k updates; 0 = off.", ge=0, le=MAX_COUNT
     )
     mi_prompts: int = F(16, "Distinct prompts N of the MI proxy (its estimate is at most log N).", ge=2, le=MAX_BATCH)
+    learner: LearnerConfig = F(LearnerConfig(), "Which passes an update runs (the update plan).")
 
 
 class TrackingConfig(Strict):

@@ -79,10 +79,14 @@ class _Stream:
     action_start: list[int]  # stream position of the first token of each turn's action
     sampler_logp: list[float]
     allowed: list[list[int] | None]  # constrained decoding: ids each action token was drawn from
+    # the sampler's entropies on action tokens (0 elsewhere); None when a step did not record them
+    entropy: list[float] | None
+    entropy_constrained: list[float] | None
 
 
 def episode_stream(ep: Episode) -> _Stream:
-    s = _Stream([], [], [], [], [], [], [])
+    recorded = all(st.sampler_entropy is not None for st in ep.steps)
+    s = _Stream([], [], [], [], [], [], [], [] if recorded else None, [] if recorded else None)
     for t, st in enumerate(ep.steps):
         obs_turn = t if t > 0 else -1  # the prompt (turn 0's observation) is never trained on
         s.ids += st.obs_ids
@@ -91,6 +95,11 @@ def episode_stream(ep: Episode) -> _Stream:
         s.obs_turn += [obs_turn] * len(st.obs_ids)
         s.sampler_logp += [0.0] * len(st.obs_ids)
         s.allowed += [None] * len(st.obs_ids)
+        if recorded:
+            s.entropy += [0.0] * len(st.obs_ids)
+            s.entropy_constrained += [0.0] * len(st.obs_ids)
+            s.entropy += list(st.sampler_entropy)
+            s.entropy_constrained += list(st.sampler_entropy_constrained or st.sampler_entropy)
         s.action_start.append(len(s.ids))
         s.ids += st.action_ids
         s.action += [1] * len(st.action_ids)
@@ -133,6 +142,10 @@ class TrainBatch:
     # distilled action tokens and their mask; None when distillation is off
     teacher_logp: torch.Tensor | None = None
     distill_mask: torch.Tensor | None = None
+    # (N, Ts) the sampler's entropies on the stream's action tokens (over the vocabulary; over the set
+    # drawn from), 0 elsewhere; None when some step was sampled by an engine that does not record them
+    stream_entropy: torch.Tensor | None = None
+    stream_entropy_constrained: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -333,4 +346,12 @@ def _finish(episodes, streams, rows, Ts, concatenated, pad_id, task_ids, env_ids
         task=torch.tensor(task_ids if task_ids is not None else [0] * N, dtype=LONG),
         env=torch.tensor(env_ids if env_ids is not None else [0] * N, dtype=LONG),
         concatenated=concatenated,
+        stream_entropy=_stream_field(streams, "entropy", Ts),
+        stream_entropy_constrained=_stream_field(streams, "entropy_constrained", Ts),
     )
+
+
+def _stream_field(streams: list[_Stream], name: str, Ts: int) -> torch.Tensor | None:
+    """(N, Ts) float stream field, or None when some episode lacks it."""
+    vals = [getattr(s, name) for s in streams]
+    return None if any(v is None for v in vals) else _pad(vals, 0.0, torch.float32)[:, :Ts]

@@ -1,7 +1,8 @@
 """What an update computes once, before any gradient step: the behaviour pass and the advantages.
 
-    behaviour log-probs (the policy that sampled, recomputed in eval mode), reference log-probs
-    (adapter off), critic values, full-vocabulary entropy       [behaviour_forward]
+    behaviour log-probs (the policy that sampled, recomputed in eval mode, or the sampler's own where
+    the update plan says so), reference log-probs (adapter off, on the plan's schedule), critic values,
+    full-vocabulary entropy                                      [behaviour_forward]
     -> advantages on the trajectory token stream, KL-in-reward applied to every reward form the
        estimators read, then the normalisation scope             [advantages]
 
@@ -22,6 +23,7 @@ from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_lo
 from harness.model.policy import values_from_hidden
 from harness.rl.batch import TrainBatch, row_groups
 from harness.rl.losses import on_device, policy_forward
+from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Forward:
     entropy_constrained: the same restricted to the admissible set (constrained decoding), or None."""
 
     old_logp: torch.Tensor
-    ref_logp: torch.Tensor
+    ref_logp: torch.Tensor | None  # None in an update whose plan skips the reference
     old_values: torch.Tensor | None
     entropy: torch.Tensor
     entropy_constrained: torch.Tensor | None = None
@@ -75,10 +77,13 @@ def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values
 
 
 @torch.no_grad()
-def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
-    """Recompute behaviour and reference log-probs (and values, entropies) over all rows, in eval mode
-    (LoRA dropout off), so the behaviour policy is the deterministic policy that sampled. The reference
-    is always computed: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
+def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan = DEFAULT_PLAN) -> Forward:
+    """Behaviour and reference log-probs (and values, entropies) over all rows, as `plan` says
+    (harness.rl.plan): recomputed in eval mode (LoRA dropout off), so the behaviour policy is the
+    deterministic policy that sampled, or taken from the sampler. The reference runs in every update
+    whose plan has it: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
+    if plan.behaviour == "sampler":
+        return _sampler_forward(policy, batch, cfg, plan)
     was_training = policy.model.training
     policy.model.eval()
     parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "val": [], "ent": [], "ent_c": []}
@@ -100,7 +105,7 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
             )
         else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
             lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled)
-        ref = _reference_logp(policy, mb, temperature)
+        ref = _reference_logp(policy, mb, temperature) if plan.reference else None
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
@@ -111,6 +116,28 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig) -> Forward:
         return torch.cat(xs, 0)[order] if xs else None
 
     return Forward(cat(parts["old"]), cat(parts["ref"]), cat(parts["val"]), cat(parts["ent"]), cat(parts["ent_c"]))
+
+
+def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan) -> Forward:
+    """The Forward of the sampler path: the sampler's log-probs and entropies on the action tokens (0
+    elsewhere; every consumer masks by the action or loss mask, and the config keeps observation tokens
+    out of the loss), and the reference pass alone when the plan has it."""
+    ref = None
+    if plan.reference:
+        was_training = policy.model.training
+        policy.model.eval()
+        T = batch.input_ids.shape[1]
+        slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens)
+        refs = [_reference_logp(policy, batch.rows(idx), cfg.rollout.temperature) for idx in slices]
+        parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]
+        policy.model.train(was_training)
+        ref = torch.cat(parts, 0)[torch.cat(slices).argsort()]
+    m = batch.action_mask
+    entropy = batch.to_rows(batch.stream_entropy) * m
+    constrained = None
+    if batch.allowed is not None:
+        constrained = batch.to_rows(batch.stream_entropy_constrained) * m
+    return Forward(batch.sampler_logp * m, ref, None, entropy, constrained)
 
 
 def _turn_sums(x_stream: torch.Tensor, turn: torch.Tensor, K: int) -> torch.Tensor:

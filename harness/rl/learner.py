@@ -26,6 +26,7 @@ from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.distill import teacher_stream
 from harness.rl.judge import process_metrics
+from harness.rl.plan import make_plan
 from harness.rl.seeding import stream
 from harness.rl.update import make_optimizer, run_update
 from harness.rl.worker import RolloutBatch
@@ -61,7 +62,8 @@ class Learner:
             teacher = teacher_stream(self.teacher, self.policy.chat, kept, c, train.stream_mask.shape[1])
             train = replace(train, teacher_logp=teacher.logp, distill_mask=teacher.mask)
         split: dict[str, float] = {}  # logprobs_s, logprobs_cpu_s: the behaviour and reference log-probs' share
-        metrics.update(run_update(self.policy, self.optimizer, train, c, stream(c.train.seed, update, 99), split))
+        plan = make_plan(c, update, train)  # which passes this update runs (harness.rl.plan)
+        metrics.update(run_update(self.policy, self.optimizer, train, c, stream(c.train.seed, update, 99), split, plan))
         metrics.update(self.diagnostics(update, batch.all_eps))
         metrics["train/skipped_empty"] = 0.0
         metrics["perf/train_tokens"] = float(train.attention_mask.sum())

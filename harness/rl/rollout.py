@@ -94,6 +94,7 @@ def generate_turn(
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     lps, raws = torch.zeros(B, max_new_tokens, device=dev), torch.zeros(B, max_new_tokens, device=dev)
+    ents, ents_c = torch.zeros(B, max_new_tokens, device=dev), torch.zeros(B, max_new_tokens, device=dev)
     active = torch.ones(B, dtype=torch.bool, device=dev)
     length = torch.zeros(B, dtype=torch.long, device=dev)
     ended = torch.zeros(B, dtype=torch.bool, device=dev)  # stopped before max_new_tokens
@@ -118,6 +119,7 @@ def generate_turn(
             logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=shared, allowed=allowed, uniforms=u
         )
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
+        ents[:, k], ents_c[:, k] = d.entropy, d.entropy_constrained
         length += active.long()
         stop = d.tokens == eot_id
         if lines is not None:
@@ -133,12 +135,15 @@ def generate_turn(
         logits = kv.feed(d.tokens[:, None], active[:, None])  # finished rows get a hole
     n = length.tolist()
     ids, lp, raw = toks[:, :steps].tolist(), lps[:, :steps].tolist(), raws[:, :steps].tolist()
+    ent, ent_c = ents[:, :steps].tolist(), ents_c[:, :steps].tolist()
     return TurnOutput(
         ids=[ids[b][: n[b]] for b in range(B)],
         logprobs=[lp[b][: n[b]] for b in range(B)],
         raw_logprobs=[raw[b][: n[b]] if constrained[b] else None for b in range(B)],
         overflow=(~ended).tolist(),
         allowed=[sets[b][: n[b]] if constrained[b] else None for b in range(B)],
+        entropy=[ent[b][: n[b]] for b in range(B)],
+        entropy_constrained=[ent_c[b][: n[b]] for b in range(B)],
     )
 
 
@@ -432,6 +437,8 @@ def _record(
             unconstrained_logprobs=out.raw_logprobs[i],
             allowed_ids=out.allowed[i] if out.allowed else None,
             member=out.members[i] if out.members else 0,
+            sampler_entropy=out.entropy[i] if out.entropy is not None else None,
+            sampler_entropy_constrained=out.entropy_constrained[i] if out.entropy_constrained is not None else None,
             score_before=None if p.info.get("score") is None else float(p.info["score"]),
         )
     )

@@ -39,6 +39,12 @@ class Draw:
     tokens: torch.Tensor  # (B,) long
     logprobs: torch.Tensor  # (B,) log-prob under the distribution drawn from (constrained if any)
     raw_logprobs: torch.Tensor  # (B,) log-prob under the unconstrained tempered distribution
+    # (B,) entropy of the tempered distribution over the whole vocabulary, and of the distribution drawn
+    # from (the admissible set's when constrained, else the same): what the trainer's behaviour pass
+    # computes at this token, recorded so an update can take them from the sampler
+    # (train.learner.behaviour: sampler, docs/trainer.md#update-plan)
+    entropy: torch.Tensor | None = None
+    entropy_constrained: torch.Tensor | None = None
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -86,7 +92,14 @@ def draw(
             probs = top_p_filter(probs, top_p)
         tok = inverse_cdf(probs, generator, uniforms)
     idx = tok.unsqueeze(1)
-    return Draw(tok, logp.gather(1, idx).squeeze(1), raw_logp.gather(1, idx).squeeze(1))
+    ent = _entropy(raw_logp)
+    ent_c = _entropy(logp) if allowed is not None else ent
+    return Draw(tok, logp.gather(1, idx).squeeze(1), raw_logp.gather(1, idx).squeeze(1), ent, ent_c)
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    """(B,) entropy of each row of log-probs (B, V); -inf entries (disallowed tokens) add nothing."""
+    return -torch.where(logp > float("-inf"), logp.exp() * logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
 
 
 def allowed_mask(nodes: list[dict | None], vocab: int, device) -> torch.Tensor | None:

@@ -1,6 +1,7 @@
 """One RL update on an assembled batch, top to bottom:
 
-behaviour log-probs (recomputed, no grad) + reference log-probs [+ values]
+the update plan (harness.rl.plan: where the behaviour log-probs come from, whether the reference runs)
+-> behaviour log-probs (recomputed, no grad, or the sampler's) + reference log-probs [+ values]
 -> off-policy correction (algo.correction) from the sampler's and the behaviour log-probs
 -> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
 -> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
@@ -27,6 +28,7 @@ from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
 from harness.rl.losses import Denominators, loss_terms, policy_forward
 from harness.rl.mismatch import Correction, batch_correction, mismatch_diagnostics
+from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
 
 def make_optimizer(policy, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -97,6 +99,8 @@ def _update_diagnostics(batch: TrainBatch, fwd: Forward, adv: torch.Tensor) -> d
     }
     if fwd.entropy_constrained is not None:
         out["diag/entropy_constrained"] = masked_mean(fwd.entropy_constrained, m)
+    if fwd.ref_logp is None:  # the plan skipped the reference in this update
+        return out
     k3 = KL_ESTIMATOR.get("k3")(fwd.old_logp, fwd.ref_logp)
     out["diag/kl_k1"] = masked_mean(fwd.old_logp - fwd.ref_logp, m)
     out["diag/kl_k3"] = masked_mean(k3, m)
@@ -212,14 +216,15 @@ def run_update(
     cfg: RunConfig,
     generator: torch.Generator,
     seconds: dict[str, float] | None = None,
+    plan: UpdatePlan = DEFAULT_PLAN,
 ) -> dict[str, float]:
-    """One update on `batch`; returns its metrics, reduced once at the end. seconds: if a dict,
-    `logprobs_s` and `logprobs_cpu_s` (wall and process CPU time of the behaviour and reference
-    log-probs) are set in it; times stay out of the metrics, which are bit-identical for the same
-    config and seed."""
+    """One update on `batch` under `plan` (harness.rl.plan.make_plan); returns its metrics, reduced once
+    at the end. seconds: if a dict, `logprobs_s` and `logprobs_cpu_s` (wall and process CPU time of the
+    behaviour and reference log-probs) are set in it; times stay out of the metrics, which are
+    bit-identical for the same config and seed."""
     a = cfg.algo
     t0, c0 = time.perf_counter(), time.process_time()
-    fwd = behaviour_forward(policy, batch, cfg)  # eval mode
+    fwd = behaviour_forward(policy, batch, cfg, plan)  # eval mode
     if seconds is not None:
         seconds.update(logprobs_s=time.perf_counter() - t0, logprobs_cpu_s=time.process_time() - c0)
     adv, returns = advantages(batch, fwd, cfg)
@@ -254,6 +259,7 @@ def run_update(
     if distilled is not None:
         reduced.update(distilled)
     reduced.update(mismatch_diagnostics(batch, fwd.old_logp, corr, cfg))
+    reduced.update(plan.metrics())
     names = list(reduced)
     # some values are made on the CPU (the seq-mask share, NaN placeholders): on CUDA, gather them on
     # the device of the log-probs before the single transfer (a GPU check caught the mixed stack)

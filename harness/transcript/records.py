@@ -36,6 +36,10 @@ class StepRecord:
     # cross-policy sampling (rollout.cross_policy): the pool member that generated this action
     # (0 = the current policy; sampler_logprobs are that member's)
     member: int = 0
+    # our sampler: the entropy of the tempered distribution at each action token, over the vocabulary and
+    # over the set it was drawn from (constrained decoding; else equal); None where not recorded
+    sampler_entropy: list[float] | None = None
+    sampler_entropy_constrained: list[float] | None = None
     score_before: float | None = None  # the environment's progress score before the action (the rule judge)
     # process rewards (reward.process, harness.rl.judge): the judge's verdict row and the reward it adds
     judge: dict[str, Any] | None = None

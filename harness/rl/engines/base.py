@@ -27,6 +27,10 @@ class TurnOutput:
     overflow: list[bool]
     allowed: list[list[list[int]] | None] | None = None  # per token, the ids it was drawn from (constrained rows)
     members: list[int] | None = None  # cross-policy sampling: the pool member of each row (0 = current)
+    # our sampler: per token, the entropy of the tempered distribution over the vocabulary and of the
+    # distribution drawn from (`harness.rl.sampling.Draw`); None where the engine does not record them
+    entropy: list[list[float]] | None = None
+    entropy_constrained: list[list[float]] | None = None
 
 
 class KVEngine(Protocol):

@@ -1,0 +1,55 @@
+"""Which passes an update runs, decided once per update (docs/trainer.md#update-plan).
+
+An update can compute three no-gradient things before its gradient steps: the behaviour log-probs
+(and the full-vocabulary entropy diagnostic), the reference log-probs (adapter off) and the critic's
+values. The plan says which of them run and where the behaviour log-probs come from:
+
+    behaviour  recompute: a pass of the trainer's model over every row, in eval mode;
+               sampler:   the log-probs and entropies our sampler recorded while drawing the tokens.
+               The sampler's are the same policy's only when the sampler is the trainer's own model
+               (config-checked, `harness.config.schema.learner_problem`); a critic's values need the
+               pass anyway, so with a critic the update recomputes.
+    reference  every update where a KL term is trained or in the reward; else every
+               train.learner.reference_every updates (1, k + 1, 2k + 1, ...), for diag/kl_* alone.
+
+A run whose train.learner is not the default logs the plan beside its metrics (`plan/*`), so every
+row says which path produced it; default runs log nothing new and keep their metrics byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.config.schema import RunConfig
+from harness.rl.batch import TrainBatch
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    behaviour: str  # "recompute" or "sampler"
+    reference: bool  # whether the reference log-probs are computed in this update
+    logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        if not self.logged:
+            return {}
+        return {
+            "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
+            "plan/reference": torch.tensor(float(self.reference)),
+        }
+
+
+DEFAULT_PLAN = UpdatePlan(behaviour="recompute", reference=True)
+
+
+def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
+    """The plan of update `update` (1-based) on `batch` under `cfg` (module docstring)."""
+    ln = cfg.train.learner
+    sampler = ln.behaviour == "sampler" and not cfg.algo.critic.enabled and batch.stream_entropy is not None
+    return UpdatePlan(
+        behaviour="sampler" if sampler else "recompute",
+        reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
+        logged=not ln.is_default,
+    )
