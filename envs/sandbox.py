@@ -2,7 +2,8 @@
 reasoning; docs/algorithms.md#sandbox).
 
 The program runs in a bubblewrap jail (envs/sandbox_jail.py): a root file system built from nothing
-but the interpreter's own files, read-only, and a private size-capped tmpfs for /tmp; new user, mount,
+but the interpreter's own files, read-only, and a private tmpfs for /tmp capped in bytes and in names
+(mounted by the jail's launcher, which first enters the call's memory cgroup); new user, mount,
 pid, ipc, net, uts and cgroup namespaces; no capabilities, no_new_privs; a seccomp filter refusing
 namespaces, mounts, keyrings, tracing, memory RLIMIT_AS does not count, and every other process or
 thread. Its supervisor, the jail's pid 1, applies the rlimits (address space, CPU seconds, file size,
@@ -28,13 +29,21 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from envs.sandbox_cgroup import OVERHEAD_MB, JailCgroup
+from envs.sandbox_cgroup import OVERHEAD_MB, JailCgroup, kernel_memory_charged
 from envs.sandbox_cgroup import available as memory_cgroup
-from envs.sandbox_jail import SYSTEM_PYTHON, SandboxUnavailable, jail_argv, seccomp_programs, supervisor_argv
+from envs.sandbox_jail import (
+    FILES_PER_MB,
+    NAME_KERNEL_BYTES,
+    SYSTEM_PYTHON,
+    SandboxUnavailable,
+    jail_argv,
+    launcher_argv,
+    seccomp_programs,
+    supervisor_argv,
+)
 
 UID_BASE = 200_000  # sandbox uids when run as root: UID_BASE + a random number, never a real account
 UID_SPAN = 1 << 30  # drawn at random per call, so two concurrent calls practically never share one
-JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'  # the jail's first process enters its cgroup, then execs bwrap
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,33 @@ class Limits:
     cpu_s: int = 5
     memory_mb: int = 512  # address space
     output_bytes: int = 16_384  # per stream, kept (more is "capped"); the jail is killed past 4x this
-    file_mb: int = 16  # largest file it may write, and the size of its /tmp (the program included)
+    # largest file it may write, and the size of its /tmp (the program included); /tmp also holds at most
+    # `files` names (file_mb * 256: each file, folder, link, FIFO or socket counts as a 4 KiB page)
+    file_mb: int = 16
     open_files: int = 64
     code_bytes: int = 1 << 20  # a longer program is not run
+
+    def __post_init__(self):
+        # zero would not mean "nothing": tmpfs reads size=0 and nr_inodes=0 as unlimited (tmpfs.rst)
+        for key, value in vars(self).items():
+            kinds = (int, float) if key == "wall_s" else (int,)
+            if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+                raise ValueError(
+                    f"sandbox limit {key}={value!r} is not allowed: every limit ({', '.join(vars(self))}) must "
+                    "be a positive whole number (wall_s may be fractional seconds; memory_mb and file_mb are MiB)"
+                )
+
+    @property
+    def files(self) -> int:
+        """How many names (files, folders, links, FIFOs, sockets) /tmp may hold."""
+        return self.file_mb * FILES_PER_MB
+
+    @property
+    def cgroup_mb(self) -> int:
+        """The call's memory cgroup limit: the address space, /tmp's data and its names' kernel memory,
+        and the jail's own processes."""
+        names_mb = -(-self.files * NAME_KERNEL_BYTES >> 20)
+        return self.memory_mb + self.file_mb + names_mb + OVERHEAD_MB
 
 
 @dataclass
@@ -59,6 +92,9 @@ class Result:
     # program was killed by it), "rejected" (not run: not text, or too long) or "sandbox" (the jail
     # itself failed; stderr says why)
     killed_by: str | None = None
+    # "files" or "bytes" when the program left /tmp full (no name or no byte free): why a write failed
+    # with ENOSPC ("No space left on device")
+    tmp_full: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,8 +117,15 @@ class Result:
             return shown(self.stdout)[:limit] + "\n[output truncated]"
         if self.exit_code != 0:
             tail = "\n".join(self.stderr.strip().splitlines()[-error_lines:])
-            return ("Error:\n" + shown(tail))[:limit] if tail else f"Error: exit code {self.exit_code}"
+            error = ("Error:\n" + shown(tail)) if tail else f"Error: exit code {self.exit_code}"
+            return (error + TMP_FULL.get(self.tmp_full, ""))[:limit]
         return shown(self.stdout)[:limit]
+
+
+TMP_FULL = {  # appended to an error observation, so the policy reads which cap it met
+    "files": "\n[/tmp is full: it holds a limited number of files and folders]",
+    "bytes": "\n[/tmp is full: it holds a limited number of bytes]",
+}
 
 
 _FENCE = re.compile(r"`{3,}")
@@ -140,7 +183,11 @@ def require() -> None:
 def memory_bound() -> str:
     """How the call's memory is bounded here: with a memory cgroup, or why not (docs/algorithms.md#sandbox)."""
     root, why = memory_cgroup()
-    return "memory cgroup per call" if root else f"RLIMIT_AS only: {why}"
+    if root is None:
+        return f"RLIMIT_AS only: {why}"
+    if not kernel_memory_charged():
+        return "memory cgroup per call, kernel memory not charged (booted with cgroup.memory=nokmem)"
+    return "memory cgroup per call"
 
 
 def _memfile(name: str, data: bytes) -> int:
@@ -168,16 +215,17 @@ def run_python(code: str, limits: Limits = Limits(), python: str | None = None) 
     denied, no_processes = seccomp_programs()
     uid = _uid()
     root, _ = memory_cgroup()
-    cgroup = JailCgroup(root, limits.memory_mb + limits.file_mb + OVERHEAD_MB, uid) if root else None
+    try:
+        cgroup = JailCgroup(root, limits.cgroup_mb) if root else None
+    except OSError as e:
+        return Result("", f"the jail's memory cgroup could not be made: {e}", None, killed_by="sandbox")
     fds = [_memfile("code", data), _memfile("seccomp", denied), _memfile("seccomp-program", no_processes)]
     status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     fds.append(status_w)
     try:
-        argv = jail_argv(python, limits.file_mb, fds[0], fds[1])
+        procs = str(cgroup.procs) if cgroup is not None else ""
+        argv = launcher_argv(procs, uid, limits.file_mb, limits.files) + jail_argv(python, fds[0], fds[1])
         argv += ["--", *supervisor_argv(python, status_w, fds[2], limits)]
-        if cgroup is not None:
-            argv = ["/bin/sh", "-c", JOIN_CGROUP, str(cgroup.procs), *argv]
-        credentials = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
         try:
             proc = subprocess.Popen(
                 argv,
@@ -186,7 +234,6 @@ def run_python(code: str, limits: Limits = Limits(), python: str | None = None) 
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=fds,
-                **credentials,
             )
         except OSError as e:
             return Result("", f"the jail did not start: {e}", None, killed_by="sandbox")
@@ -205,7 +252,8 @@ def run_python(code: str, limits: Limits = Limits(), python: str | None = None) 
 
 
 def _read_status(fd: int) -> tuple[str, str]:
-    """The supervisor's report: ("exit", "N"), ("signal", "N"), ("setup", message), or ("", "")."""
+    """The supervisor's report: ("exit", "N"), ("signal", "N"), either with " files" or " bytes" after
+    N when /tmp was left full, ("setup", message), or ("", "")."""
     try:
         kind, _, value = os.read(fd, 65_536).decode(errors="replace").partition(" ")
     except BlockingIOError:
@@ -218,17 +266,19 @@ def _result(
 ) -> Result:
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     kind, value = report
+    number, _, full = value.partition(" ") if kind in ("exit", "signal") else (value, "", "")
+    tmp_full = full if full in TMP_FULL else None
     killed_by = "wall" if timed_out else "output" if flooded else "memory" if oom else None
     if killed_by is not None:
-        return Result(stdout, stderr, None, timed_out, truncated, killed_by)
+        return Result(stdout, stderr, None, timed_out, truncated, killed_by, tmp_full)
     if kind == "exit":
-        return Result(stdout, stderr, int(value), output_capped=truncated)
+        return Result(stdout, stderr, int(number), output_capped=truncated, tmp_full=tmp_full)
     if kind == "signal":
         try:
-            name = signal.Signals(int(value)).name
+            name = signal.Signals(int(number)).name
         except ValueError:
-            name = f"SIG{value}"
-        return Result(stdout, stderr, None, output_capped=truncated, killed_by=name)
+            name = f"SIG{number}"
+        return Result(stdout, stderr, None, output_capped=truncated, killed_by=name, tmp_full=tmp_full)
     why = value if kind == "setup" else "the jail ended without a report"
     return Result(stdout, (stderr + "\n" + why).strip(), None, output_capped=truncated, killed_by="sandbox")
 

@@ -6,12 +6,19 @@ unprivileged user, so every namespace it makes belongs to a fresh user namespace
 - a root file system made from nothing: an empty tmpfs, remounted read-only once built, holding
   read-only binds of exactly the files the interpreter needs (the `python3` binary, its standard
   library, the shared libraries that they and the standard library's extension modules link), five
-  device nodes (null, zero, full, random, urandom) and a private tmpfs of `file_mb` on /tmp. No /proc,
-  /sys, /etc, /home, no checkout, no venv, no host /tmp: no path there leads to the host;
+  device nodes (null, zero, full, random, urandom) and a private tmpfs on /tmp. No /proc, /sys, /etc,
+  /home, no checkout, no venv, no host /tmp: no path there leads to the host;
 - new user, mount, pid, ipc, net, uts and cgroup namespaces; no capabilities; no_new_privs; further
   user namespaces disabled;
 - two seccomp filters compiled by libseccomp (Debian `python3-seccomp`): DENIED for the supervisor
   and the program, NO_PROCESSES added for the program alone (its supervisor must fork it once).
+
+bubblewrap mounts a tmpfs with a size but no other option, so the /tmp it binds is mounted by the
+LAUNCHER, which runs before it in a mount namespace of its own: `size` caps the bytes of /tmp, `nr_inodes`
+the number of names in it. Empty files, folders, symlinks, FIFOs and sockets cost no data pages, each
+only kernel memory (an inode and a dentry, about 1 KiB), so without `nr_inodes` a program could make
+hundreds of thousands of them within `size`; tmpfs counts every inode and every extra hard link against
+`nr_inodes` (mm/shmem.c, shmem_reserve_inode and shmem_link; Documentation/filesystems/tmpfs.rst).
 
 The supervisor is the namespace's first process (pid 1): the kernel delivers no signal from inside
 the namespace to a pid 1 that has no handler for it, it is not dumpable and there is no /proc, so the
@@ -29,6 +36,10 @@ import subprocess
 from functools import lru_cache
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # the interpreter the code runs under, and libseccomp's bindings
+# Names /tmp may hold per MiB of file_mb: each file, folder, link, FIFO or socket is allowed as one 4 KiB
+# page of it, so file_mb = 16 allows 4096 (the root of /tmp, /tmp/work and main.py among them)
+FILES_PER_MB = 256
+NAME_KERNEL_BYTES = 2048  # kernel memory one name may hold (measured: 0.7 to 1.1 KiB), charged to the call
 SANDBOX_UID = 1000  # the program's uid and gid inside its user namespace
 WORK = "/tmp/work"
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -202,8 +213,14 @@ def bwrap() -> str:
     return path
 
 
-def jail_argv(python: str, file_mb: int, code_fd: int, seccomp_fd: int) -> list[str]:
-    """The bubblewrap command line up to (not including) the supervisor."""
+def jail_argv(python: str, code_fd: int, seccomp_fd: int) -> list[str]:
+    """The bubblewrap command line up to (not including) the supervisor, run by the launcher."""
+    under_tmp = [src for src, _ in root_binds(python) if src == "/tmp" or src.startswith("/tmp/")]
+    if under_tmp:
+        raise SandboxUnavailable(
+            f"the code sandbox cannot bind {under_tmp[0]}: the jail's own tmpfs covers /tmp where bubblewrap "
+            "starts, so the interpreter and its libraries must live outside /tmp"
+        )
     argv = [bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
     argv += ["--as-pid-1", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     argv += ["--hostname", "sandbox", "--clearenv"]
@@ -213,15 +230,57 @@ def jail_argv(python: str, file_mb: int, code_fd: int, seccomp_fd: int) -> list[
         argv += ["--symlink", target, link]
     for dev in DEVICES:
         argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
-    argv += ["--size", str(file_mb << 20), "--perms", "1777", "--tmpfs", "/tmp", "--perms", "0700", "--dir", WORK]
+    argv += ["--bind", "/tmp", "/tmp", "--perms", "0700", "--dir", WORK]  # the launcher's capped tmpfs
     argv += ["--perms", "0600", "--file", str(code_fd), f"{WORK}/main.py", "--remount-ro", "/"]
     argv += ["--seccomp", str(seccomp_fd), "--chdir", WORK]
     return argv
 
 
+# Runs first, outside the jail, as the caller. argv: procs uid size_bytes files bwrap-argv... (procs: the
+# call's cgroup.procs or ""; uid: the jail's uid or "" to stay the caller). It enters the call's cgroup,
+# makes a mount namespace (and, when not root, a user namespace that maps only the caller's ids, as
+# user_namespaces(7) allows any user), makes every mount in it private so nothing propagates to the
+# host, mounts the capped tmpfs over /tmp, drops to the jail's uid and execs bubblewrap. The namespace and
+# its tmpfs end with the last process in it; nothing is mounted where the host sees it.
+LAUNCHER = r"""
+import ctypes, os, sys
+procs, uid, size, files = sys.argv[1:5]
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    if getattr(libc, name)(*args) != 0:
+        sys.exit(f"the jail's launcher: {name} failed: {os.strerror(ctypes.get_errno())}")
+if procs:
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+owner, group = (int(uid), int(uid)) if uid else (os.geteuid(), os.getegid())
+if os.geteuid() == 0:
+    call("unshare", 0x00020000)
+else:
+    call("unshare", 0x00020000 | 0x10000000)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{owner} {owner} 1"), ("gid_map", f"{group} {group} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+call("mount", None, b"/", None, 0x4000 | 0x40000, None)
+options = f"size={size},nr_inodes={files},mode=1777,uid={owner},gid={group}"
+call("mount", b"tmpfs", b"/tmp", b"tmpfs", 0x2 | 0x4, options.encode())
+if uid:
+    os.setgroups([])
+    os.setresgid(group, group, group)
+    os.setresuid(owner, owner, owner)
+os.execv(sys.argv[5], sys.argv[5:])
+"""
+
+
+def launcher_argv(procs: str, uid: int | None, file_mb: int, files: int) -> list[str]:
+    """The command that enters the cgroup, mounts the capped /tmp and execs what follows it."""
+    args = (procs, "" if uid is None else str(uid), str(file_mb << 20), str(files))
+    return [SYSTEM_PYTHON, "-I", "-S", "-c", LAUNCHER, *args]
+
+
 # The jail's pid 1. argv: status_fd filter_fd memory_mb cpu_s file_mb open_files python work (it imports
 # little: every module is start-up time of every call). It writes on `status_fd` "exit N", "signal N" or
-# "setup <message>", and nothing if it is itself killed.
+# "setup <message>", and nothing if it is itself killed; "files" or "bytes" follows the exit or signal
+# when /tmp was left full (no name or no byte free), which is why a write failed with ENOSPC.
 SUPERVISOR = r"""
 import ctypes, os, resource, sys, _signal
 status, filter_fd, memory_mb, cpu_s, file_mb, open_files = map(int, sys.argv[1:7])
@@ -265,12 +324,17 @@ if pid == 0:
 os.close(w)
 failed = os.read(r, 4096)
 _, st = os.waitpid(pid, 0)
+try:
+    fs = os.statvfs("/tmp")
+    full = b" files" if fs.f_ffree == 0 else b" bytes" if fs.f_bavail == 0 else b""
+except OSError:
+    full = b""
 if failed:
     report = b"setup " + failed
 elif os.WIFSIGNALED(st):
-    report = b"signal %d" % os.WTERMSIG(st)
+    report = b"signal %d" % os.WTERMSIG(st) + full
 else:
-    report = b"exit %d" % os.WEXITSTATUS(st)
+    report = b"exit %d" % os.WEXITSTATUS(st) + full
 os.write(status, report)
 """
 

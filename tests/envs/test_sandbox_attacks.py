@@ -337,7 +337,8 @@ def test_shared_memory_and_memfd_are_refused():
 def test_kernel_memory_outside_the_address_space_is_refused_or_counted():
     """Pages pinned into pipes, socket buffers, AIO contexts, huge pages: refused by the filter. What
     the filter cannot refuse (tmpfs inodes and dentries) is charged to the call's memory cgroup, which
-    kills the program at memory_mb + file_mb + OVERHEAD_MB."""
+    kills the program at its limit: shown here with a cgroup smaller than the names /tmp may hold (the
+    shipped limit always leaves them room, so the file-count cap stops them first; next test)."""
     from envs.sandbox import memory_bound
 
     assert memory_bound() == "memory cgroup per call"  # root here and in CI: the cgroup is there
@@ -365,8 +366,86 @@ def test_kernel_memory_outside_the_address_space_is_refused_or_counted():
         assert got[call] == "-1 1", (call, r.stdout, r.stderr)
     assert got["sndbuf"] == "1"
     flood = "import os\nn = 0\nwhile True:\n    os.mkdir(f'/tmp/{n}' + 'd' * 200)\n    n += 1\n"
-    r = run_python(flood, Limits(wall_s=30.0, cpu_s=20, memory_mb=64, file_mb=4))
+    r = run_python(flood, TightCgroup(wall_s=30.0, cpu_s=20, memory_mb=64, file_mb=256))  # 65,536 names
     assert r.killed_by == "memory" and r.observation() == "Error: memory limit exceeded", r
+
+
+class TightCgroup(Limits):
+    """Limits whose memory cgroup is 40 MiB, below what 65,536 names hold in kernel memory."""
+
+    @property
+    def cgroup_mb(self) -> int:
+        return 40
+
+
+def _slab_mib() -> float:
+    return next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("Slab:")) / 1024
+
+
+NAMES = (  # one of each kind of name a program can make in /tmp; every one is an inode (or a link) to tmpfs
+    "os.close(os.open(f'/tmp/f{n}', os.O_CREAT | os.O_WRONLY))",
+    "os.mkdir(f'/tmp/d{n}')",
+    "os.symlink('x' * 100, f'/tmp/s{n}')",
+    "os.link('/tmp/work/main.py', f'/tmp/h{n}')",
+    "os.mkfifo(f'/tmp/p{n}')",
+    "socket.socket(socket.AF_UNIX).bind(f'/tmp/u{n}')",
+    "os.mkdir(deep := deep + '/d')",
+    "os.mknod(f'/tmp/n{n}')",
+)
+
+
+def test_files_and_folders_stop_at_the_cap_before_kernel_memory_grows(monkeypatch):
+    """300,000 empty names of every kind (files, folders, symlinks, hard links, FIFOs, bound sockets,
+    nested folders) cost no data pages, only kernel memory: /tmp refuses them at `Limits.files`, the
+    policy is told /tmp is full, the host's Slab grows by no more than the names' allowance (it grew by
+    about 300 MiB without the cap), the kernel memory is charged to the call's cgroup, and nothing stays."""
+    from envs import sandbox_cgroup
+    from envs.sandbox_jail import NAME_KERNEL_BYTES
+
+    peaks = []  # the jail's cgroup's peak charge, read just before it is removed
+    remove = sandbox_cgroup.JailCgroup.remove
+
+    def record_then_remove(self):
+        name = "memory.kmem.max_usage_in_bytes" if self.files is sandbox_cgroup.V1 else "memory.peak"
+        peaks.append(int((self.path / name).read_text()))
+        remove(self)
+
+    monkeypatch.setattr(sandbox_cgroup.JailCgroup, "remove", record_then_remove)
+    limits = Limits(wall_s=30.0, cpu_s=10, memory_mb=64, file_mb=4)
+    code = (
+        "import os, socket, time\ndeep, n = '/tmp', 0\ntry:\n    while n < 300_000:\n"
+        + "".join(f"        {make}\n        n += 1\n" for make in NAMES)
+        + "except OSError as e:\n    print('made', n, e.errno)\n    time.sleep(0.5)\n    raise\n"
+    )
+    mounts = Path("/proc/self/mountinfo").read_text()
+    before, peak, done = _slab_mib(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _slab_mib())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = run_python(code, limits)
+    finally:
+        done.set()
+        sampler.join()
+    time.sleep(0.2)  # freed slab objects go back through RCU
+    after = _slab_mib()
+    made = _lines(r)["made"].split()
+    allowance_mib = limits.files * NAME_KERNEL_BYTES / 2**20  # 2 MiB for 1,024 names
+    noise_mib = 16  # other processes of a shared machine allocate slab meanwhile
+    assert int(made[0]) == limits.files - 3 and made[1] == "28", r  # the root, work/ and main.py hold 3
+    assert r.tmp_full == "files" and r.observation().endswith("it holds a limited number of files and folders]")
+    assert peak[0] - before < min(allowance_mib + noise_mib, limits.cgroup_mb), (before, peak, after)
+    assert after - before < noise_mib, (before, peak, after)
+    assert int(made[0]) * 512 < peaks[-1] < (allowance_mib + 4) * 2**20  # charged to the call, and bounded
+    assert Path("/proc/self/mountinfo").read_text() == mounts  # no mount of the jail's reached the host
+    root, _ = sandbox_cgroup.available()
+    assert not list(root.glob(f"{sandbox_cgroup.PREFIX}{os.getpid()}-*"))  # its cgroup is gone
+    assert run_python("import os\nprint(sorted(os.listdir('/tmp')))\n", FAST).stdout == "['work']\n"
 
 
 def test_posix_shared_memory_has_nowhere_to_live():
