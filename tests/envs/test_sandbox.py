@@ -74,6 +74,25 @@ def test_memory_bomb():
     assert not r.ok and "MemoryError" in r.stderr
 
 
+def test_a_full_tmp_is_named_in_the_observation():
+    fill = "open('/tmp/big', 'wb').write(b'x' * (2 << 20))\n"  # 2 MiB into a 1 MiB /tmp
+    r = run_python(fill, Limits(wall_s=15.0, cpu_s=3, file_mb=1))
+    assert r.exit_code == 1 and r.tmp_full == "bytes" and r.observation().endswith("number of bytes]")
+    names = "import os\nfor i in range(300):\n    os.mkdir(f'/tmp/{i}')\n"  # 256 names in a 1 MiB /tmp
+    r = run_python(names, Limits(wall_s=15.0, cpu_s=3, file_mb=1))
+    assert r.exit_code == 1 and r.tmp_full == "files" and "No space left on device" in r.observation()
+    assert r.observation().endswith("[/tmp is full: it holds a limited number of files and folders]")
+    r = run_python("import os\nos.mkdir('/tmp/x')\n", FAST)
+    assert r.ok and r.tmp_full is None
+
+
+def test_limits_must_be_positive():
+    for key, value in (("file_mb", 0), ("memory_mb", -1), ("cpu_s", 1.5), ("wall_s", 0), ("open_files", True)):
+        with pytest.raises(ValueError, match=f"sandbox limit {key}={value!r} is not allowed.*positive"):
+            Limits(**{key: value})
+    assert Limits(wall_s=0.5, file_mb=1).files == 256
+
+
 def test_a_100_mb_print_is_capped_on_either_stream():
     for stream in ("sys.stdout", "sys.stderr"):
         t0 = time.monotonic()
