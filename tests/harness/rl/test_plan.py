@@ -1,0 +1,124 @@
+"""The update plan (harness.rl.plan, docs/trainer.md#update-plan): the sampler's log-probs and entropies
+against the recomputed behaviour pass on real rollouts of the tiny policy, the loss and the step they
+give, the reference schedule, the config checks, and the default plan leaving metrics and hashes alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.config.errors import ConfigError
+from harness.config.loading import validate_run_config
+from harness.experiments.provenance import config_hash
+from harness.rl.behaviour import behaviour_forward
+from harness.rl.plan import DEFAULT_PLAN, make_plan
+from harness.rl.update import make_optimizer, run_update
+from tests.helpers.update import GRPO, raw_config
+
+# float32 rounding between the sampler's KV-cached pass and the whole-sequence pass, measured on these
+# rollouts at about 4e-6 (log-probs) and 1e-6 (entropies); a different policy is off by ~1e-1
+TOL = 5e-5
+
+
+def learner_cfg(kl=("k3", "loss"), constrain=False, **learner):
+    raw = raw_config({**GRPO, "kl": kl, "constrain": constrain})
+    raw["train"] = {**raw["train"], "learner": learner}
+    return validate_run_config(raw, "test")
+
+
+@pytest.mark.parametrize("constrain", [False, True])
+def test_the_sampler_path_gives_the_recomputed_behaviour_within_float_rounding(env, constrain):
+    cfg = learner_cfg(constrain=constrain, behaviour="sampler")
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    plan = make_plan(cfg, 1, batch)
+    assert plan.behaviour == "sampler" and plan.reference
+    recomputed, sampled = behaviour_forward(t.policy, batch, cfg), behaviour_forward(t.policy, batch, cfg, plan)
+    m = batch.action_mask.bool()
+    gap = (recomputed.old_logp - sampled.old_logp)[m].abs().max().item()
+    assert 0 < gap < TOL  # the same policy, computed another way
+    assert (recomputed.entropy - sampled.entropy)[m].abs().max().item() < TOL
+    assert torch.equal(recomputed.ref_logp, sampled.ref_logp)  # the reference pass is the same pass
+    assert sampled.old_values is None
+    if constrain:
+        assert (recomputed.entropy_constrained - sampled.entropy_constrained)[m].abs().max().item() < TOL
+        assert sampled.entropy_constrained[m].mean() < sampled.entropy[m].mean()
+    else:
+        assert recomputed.entropy_constrained is None and sampled.entropy_constrained is None
+
+
+def _step(env, cfg, plan):
+    """Metrics and the trained weights of one update from the shared start, under `plan`."""
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    metrics = run_update(
+        t.policy, make_optimizer(t.policy, cfg), batch, cfg, torch.Generator().manual_seed(0), None, plan
+    )
+    return metrics, _weights(t)
+
+
+def _weights(t) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in t.policy.actor_parameters()])
+
+
+def test_the_sampler_path_gives_the_same_loss_and_step(env):
+    cfg = learner_cfg(behaviour="sampler")
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    t = env.trainer(cfg)
+    fast, fast_w = _step(env, cfg, make_plan(cfg, 1, env.batch(t, cfg)))
+    for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
+        assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    assert plain["diag/logprob_mismatch"] > 0 and fast["diag/logprob_mismatch"] == 0  # the sampler is the behaviour
+    start = _weights(env.trainer(cfg))  # the trainer resets its weights to the shared start
+    assert (fast_w - plain_w).abs().max().item() < 1e-5 < (plain_w - start).abs().max().item()
+    assert fast["plan/behaviour_recomputed"] == 0 and fast["plan/reference"] == 1
+    assert not any(k.startswith("plan/") for k in plain)  # the default plan adds nothing to the metrics
+
+
+def test_the_reference_runs_on_its_schedule_and_its_diagnostics_only_then(env):
+    raw = raw_config(GRPO)
+    raw["algo"]["kl"] = {**raw["algo"]["kl"], "coef": 0.0}  # the KL is a diagnostic alone
+    raw["train"] = {**raw["train"], "learner": {"reference_every": 3}}
+    cfg = validate_run_config(raw, "test")
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    assert [make_plan(cfg, u, batch).reference for u in range(1, 8)] == [True, False, False, True, False, False, True]
+    skipped, _ = _step(env, cfg, make_plan(cfg, 2, batch))
+    assert skipped["plan/reference"] == 0 and skipped["plan/behaviour_recomputed"] == 1
+    assert not any(k.startswith("diag/kl_") for k in skipped) and "diag/entropy" in skipped
+    ran, _ = _step(env, cfg, make_plan(cfg, 4, batch))
+    assert "diag/kl_k3" in ran and ran["plan/reference"] == 1
+    assert skipped["loss/policy"] == ran["loss/policy"]  # the reference feeds no trained term here
+
+
+@pytest.mark.parametrize(
+    "section,key,value,named",
+    [
+        ("rollout", "sampler_dtype", "bfloat16", "rollout.sampler_dtype"),
+        ("rollout", "staleness", 1, "rollout.staleness"),
+        ("context", "mask_observations", False, "context.mask_observations"),
+        ("algo", "correction", {"name": "tis_token"}, "algo.correction.name"),
+    ],
+)
+def test_the_sampler_path_is_refused_where_the_sampler_is_not_the_trainer(section, key, value, named):
+    raw = raw_config(GRPO)
+    raw[section] = {**raw.get(section, {}), key: value}
+    raw["train"] = {**raw["train"], "learner": {"behaviour": "sampler"}}
+    with pytest.raises(ConfigError, match=named) as e:
+        validate_run_config(raw, "test")
+    assert "train.learner.behaviour" in str(e.value)
+
+
+@pytest.mark.parametrize("where", ["loss", "reward"])
+def test_a_reference_schedule_is_refused_where_the_kl_is_trained(where):
+    with pytest.raises(ConfigError, match="train.learner.reference_every = 2"):
+        learner_cfg(kl=("k3", where), reference_every=2)
+
+
+def test_the_default_plan_leaves_the_config_hash_alone():
+    cfg = learner_cfg()
+    dump = cfg.model_dump(mode="json")
+    del dump["train"]["learner"]  # a config written before the plan existed
+    assert config_hash(cfg) == config_hash(dump)
+    assert config_hash(learner_cfg(behaviour="sampler")) != config_hash(cfg)
+    assert "learner" in cfg.model_dump(mode="json")["train"]  # the caller's dump is left whole
