@@ -12,7 +12,7 @@ is writable (root in this project's containers and CI):
 - cgroup v1: children of our own cgroup in the memory hierarchy (`memory.limit_in_bytes`, and
   `memory.memsw.limit_in_bytes` where swap is accounted). Kernel memory is charged to the same limit
   since Linux 4.6, unless the kernel was booted with `cgroup.memory=nokmem`; `memory.kmem.limit_in_bytes`
-  is not used (deprecated, a no-op since Linux 6.1; Documentation/admin-guide/cgroup-v1/memory.rst).
+  is not used (deprecated, and on Linux 6.18 writing it has no effect; cgroup-v1/memory.rst).
 - cgroup v2: children of a cgroup whose `cgroup.subtree_control` enables `memory` (`memory.max`,
   `memory.swap.max` = 0, `memory.oom.group` = 1): our own cgroup when it holds no process (the root of
   the hierarchy, or a delegated subtree), else its parent. `memory.max` covers kernel memory (slab,

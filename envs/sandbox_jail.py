@@ -16,7 +16,7 @@ unprivileged user, so every namespace it makes belongs to a fresh user namespace
 bubblewrap mounts a tmpfs with a size but no other option, so the /tmp it binds is mounted by the
 LAUNCHER, which runs before it in a mount namespace of its own: `size` caps the bytes of /tmp, `nr_inodes`
 the number of names in it. Empty files, folders, symlinks, FIFOs and sockets cost no data pages, each
-only kernel memory (an inode and a dentry, about 1 KiB), so without `nr_inodes` a program could make
+only kernel memory (an inode and a dentry, 0.2 to 1.5 KiB), so without `nr_inodes` a program could make
 hundreds of thousands of them within `size`; tmpfs counts every inode and every extra hard link against
 `nr_inodes` (mm/shmem.c, shmem_reserve_inode and shmem_link; Documentation/filesystems/tmpfs.rst).
 
@@ -39,7 +39,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the interpreter the code runs under, and l
 # Names /tmp may hold per MiB of file_mb: each file, folder, link, FIFO or socket is allowed as one 4 KiB
 # page of it, so file_mb = 16 allows 4096 (the root of /tmp, /tmp/work and main.py among them)
 FILES_PER_MB = 256
-NAME_KERNEL_BYTES = 2048  # kernel memory one name may hold (measured: 0.7 to 1.1 KiB), charged to the call
+# kernel memory one name may hold, in the call's cgroup limit: Linux 6.18 charged 0.2 KiB for a hard link,
+# 0.9 for an empty file, folder, FIFO or short symlink, 1.0 for a socket, 1.5 for a 250-character name
+NAME_KERNEL_BYTES = 2048
 SANDBOX_UID = 1000  # the program's uid and gid inside its user namespace
 WORK = "/tmp/work"
 DEVICES = ("null", "zero", "full", "random", "urandom")
