@@ -402,12 +402,14 @@ def test_files_and_folders_stop_at_the_cap_before_kernel_memory_grows(monkeypatc
     from envs import sandbox_cgroup
     from envs.sandbox_jail import NAME_KERNEL_BYTES
 
-    peaks = []  # the jail's cgroup's peak charge, read just before it is removed
+    # the jail's cgroup's peak charge, read just before it is removed: kernel memory alone in v1; v2 keeps
+    # only the peak of everything (the program's heap too)
+    peaks = []
     remove = sandbox_cgroup.JailCgroup.remove
 
     def record_then_remove(self):
-        name = "memory.kmem.max_usage_in_bytes" if self.files is sandbox_cgroup.V1 else "memory.peak"
-        peaks.append(int((self.path / name).read_text()))
+        v1 = self.files is sandbox_cgroup.V1
+        peaks.append((int((self.path / ("memory.kmem.max_usage_in_bytes" if v1 else "memory.peak")).read_text()), v1))
         remove(self)
 
     monkeypatch.setattr(sandbox_cgroup.JailCgroup, "remove", record_then_remove)
@@ -436,12 +438,13 @@ def test_files_and_folders_stop_at_the_cap_before_kernel_memory_grows(monkeypatc
     after = _slab_mib()
     made = _lines(r)["made"].split()
     allowance_mib = limits.files * NAME_KERNEL_BYTES / 2**20  # 2 MiB for 1,024 names
-    noise_mib = 16  # other processes of a shared machine allocate slab meanwhile
+    noise_mib = 32  # other processes of a shared machine allocate slab meanwhile; uncapped, it grew 300 MiB
     assert int(made[0]) == limits.files - 3 and made[1] == "28", r  # the root, work/ and main.py hold 3
     assert r.tmp_full == "files" and r.observation().endswith("it holds a limited number of files and folders]")
     assert peak[0] - before < min(allowance_mib + noise_mib, limits.cgroup_mb), (before, peak, after)
     assert after - before < noise_mib, (before, peak, after)
-    assert int(made[0]) * 512 < peaks[-1] < (allowance_mib + 4) * 2**20  # charged to the call, and bounded
+    charged, v1 = peaks[-1]
+    assert int(made[0]) * 512 < charged < (allowance_mib + (4 if v1 else 32)) * 2**20  # charged to the call
     assert Path("/proc/self/mountinfo").read_text() == mounts  # no mount of the jail's reached the host
     root, _ = sandbox_cgroup.available()
     assert not list(root.glob(f"{sandbox_cgroup.PREFIX}{os.getpid()}-*"))  # its cgroup is gone
