@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -118,6 +119,15 @@ def test_tmp_is_capped_at_file_mb():
     assert run_python(object(), FAST).killed_by == "rejected"  # not text: refused, nothing raised
     assert int(stopped[0]) <= 16 and int(stopped[1]) in (27, 28)  # EFBIG (file size) or ENOSPC (tmpfs)
     assert "full" in r.stdout  # many files together stop at the tmpfs size too
+
+
+def test_the_launcher_fails_closed_when_tmp_cannot_be_mounted():
+    """bubblewrap binds the /tmp it starts in: were the capped tmpfs not mounted there, that would be the
+    host's /tmp, so the launcher ends instead of running anything."""
+    from envs.sandbox_jail import launcher_argv
+
+    r = subprocess.run([*launcher_argv("", None, 1, -5), "/bin/echo", "ran"], capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == "" and "could not mount /tmp" in r.stderr, r
 
 
 def test_the_mount_table_inside_holds_no_host_path(tmp_path):
