@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from analysis.intervals import DEFAULT_MARGIN, FAMILY_ALPHA, Interval, _interval, mean_squares
+from analysis.intervals import DEFAULT_MARGIN, FAMILY_ALPHA, Interval, _interval, grid_interval, mean_squares
+from analysis.tasks import Scores, matrix
 
 EQUIVALENCE_ALPHA = 0.05  # each one-sided test of the TOST, over all looks (the fixed-n table's 90% interval)
 OPEN, UP, DOWN, EQUIVALENT = 0, 1, 2, 3  # what a look decides for one contrast
@@ -253,3 +254,40 @@ def seeds_needed(grid: np.ndarray, plan: Plan, family: int) -> int | None:
         if abs(value) + stats.t.ppf(1 - alpha_eq, iv.df) * iv.se < plan.margin:
             return k
     return None
+
+
+# ----------------------------------------------------------------------------- from a results folder
+def paired_grid(scores: Scores, arm: list[str], base: list[str]) -> np.ndarray | None:
+    """The paired Δ (arm minus baseline, seed by seed: arm[i] pairs with base[i]) on the held-out
+    tasks every one of these points evaluated at its final update; None when one has no scores."""
+    kept, grid = matrix(scores, arm + base, "final")
+    if len(kept) != len(arm) + len(base) or grid.size == 0:
+        return None
+    return grid[: len(arm)] - grid[len(arm) :]
+
+
+def decide(
+    plan: Plan,
+    arms: dict[str, dict[int, str]],
+    base: dict[int, str],
+    scores: Scores,
+    higher_is_better: bool | None = True,
+) -> tuple[Outcome, dict[str, np.ndarray]]:
+    """The looks of a sweep from its points' per-task scores: `arms` maps each arm to {seed: point}
+    of its finished points, `base` the baseline's. A look's estimate of an arm pairs seeds
+    0 .. n - 1 (a budget's seeds); missing ones leave the look incomplete. Returns the outcome and,
+    per arm, the paired Δ grid of the last look that tested it (for `seeds_needed`)."""
+    last: dict[str, np.ndarray] = {}
+
+    def estimate(arm: str, n: int) -> Interval | None:
+        seeds = range(n)
+        if any(s not in arms[arm] or s not in base for s in seeds):
+            return None
+        grid = paired_grid(scores, [arms[arm][s] for s in seeds], [base[s] for s in seeds])
+        if grid is None:
+            return None
+        last[arm] = grid
+        return grid_interval(grid)
+
+    out = replay(plan, list(arms), estimate, higher_is_better)
+    return out, {a: last[a] for a, d in out.decisions.items() if a in last and d.seeds == last[a].shape[0]}

@@ -13,7 +13,9 @@ notes, provenance and every missing point.
 
 The verdict column: every Δ of the table (or every gain, in a table without Δ) is one contrast of
 a family corrected together by Holm; the rule is analysis.intervals.verdict, the equivalence
-margin the sweep's `equivalence_margin` (sweep.json), else DEFAULT_MARGIN.
+margin the sweep's `equivalence_margin` (sweep.json), else DEFAULT_MARGIN. A sweep with a seed
+budget (sweep.json's `sequential`) gets the looks of analysis.sequential instead
+(analysis.sequential_table): each row's Δ and verdict at the look that decided it.
 
 `build_table` computes once (a `Table`); `analysis.render.render(table, fmt)` prints it.
 """
@@ -27,10 +29,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import sequential_table
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, VERDICT, Block, add_verdicts, build_block
 from analysis.intervals import Interval, seed_interval
 from analysis.load import SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
+from analysis.sequential_table import add_sequential_verdicts, plan_of
 from analysis.table_text import (
     caption,
     keys_and_header,
@@ -44,6 +48,7 @@ from analysis.table_text import (
 )
 from analysis.tasks import (
     EPISODE_KEYS,
+    HIGHER_IS_BETTER,
     TOKEN_KEYS,
     cumulative,
     load_tasks,
@@ -70,14 +75,7 @@ BLOCK_NAMES = {
     VERDICT: "verdict",
     MATCHED: "Δ @ equal episodes",
 }
-# the better direction of a task metric's field; fields not listed have none (verdict higher/lower)
-HIGHER_IS_BETTER = {
-    "success": True,
-    "return": True,
-    "true_success": True,
-    "exploit_rate": False,
-    "deadlock_rate": False,
-}
+SEQUENTIAL_CAPTION = " Sequential seeds: the verdicts follow the looks in the notes, not one fixed-n Holm family."
 COST_NAMES = {"episodes": "episodes", "tokens": "gen. tokens", "wall": "wall"}
 
 
@@ -269,19 +267,24 @@ class Options:
 
 
 def _primary_block(results, curves, tasks, cells, primary: str | None, margin: float):
-    """(the start/final/gain/Δ/verdict block with the cost of every cell, the scores it was built on)."""
+    """(the start/final/gain/Δ/verdict block with the cost of every cell, the scores it was built on,
+    the sequential looks of a sweep with a seed budget or None)."""
     done = results[results["status"].isin(FINISHED)]
     totals = _totals(results, curves)
     if primary is None:  # no block: the cost only
         block = build_block(done, cells, seed_scores(curves, "", {}, {}), totals)
         block.columns = []
-        return block, None
+        return block, None, None
     scores = _scores(primary, results, curves, tasks)
     scores.episodes = cumulative(curves, EPISODE_KEYS)
     block = build_block(done, cells, scores, totals)
     spec = task_metric(primary)
-    add_verdicts(block, margin, HIGHER_IS_BETTER.get(spec[2]) if spec else None)
-    return block, scores
+    higher = HIGHER_IS_BETTER.get(spec[2]) if spec else None
+    plan = plan_of(results.attrs["sweep"].raw, margin)
+    looks = add_sequential_verdicts(block, done, scores, plan, higher) if plan is not None else None
+    if looks is None:
+        add_verdicts(block, margin, higher)
+    return block, scores, looks
 
 
 def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str, Entry], block: Block, first) -> dict:
@@ -341,11 +344,14 @@ def build_table(
     curves = curves if curves is not None else pd.DataFrame(columns=["point", "metric", "update", "value"])
     done = results[results["status"].isin(FINISHED)]
     cells = list(dict.fromkeys(results["cell"]))
-    requested = requested_seeds(results, cells)
     wanted = list(metrics or default_metrics(results))
     primary = wanted[0] if wanted[0] != "collapsed_at" else None
-    block, scores = _primary_block(results, curves, tasks, cells, primary, margin)
+    block, scores, looks = _primary_block(results, curves, tasks, cells, primary, margin)
+    # a sweep with a seed budget asked each cell for the seeds its looks scheduled
+    requested = sequential_table.requested(results, cells) if looks else requested_seeds(results, cells)
     extra_notes: list[str] = []
+    if looks:
+        extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}
     rest = _recorded(done, values, rest, bool(metrics), extra_notes)
@@ -370,6 +376,8 @@ def build_table(
         data.append(_record(c, keys[c], key_header, (n_done, requested[c]), entries, block, first))
         if any_corrupt:
             data[-1]["corrupt"] = n_corrupt
+        if looks:
+            data[-1].update(sequential_table.record(looks, c))
     shown = " ".join(format_entry(e, MD, opts.interval) for _, _, es in rows for e in es)
     warned = warnings(results)
     return Table(
@@ -377,7 +385,7 @@ def build_table(
         key_header,
         header,
         rows,
-        caption(results, block, scores, primary, opts.interval, margin),
+        caption(results, block, scores, primary, opts.interval, margin) + (SEQUENTIAL_CAPTION if looks else ""),
         notes(results, block, columns, requested, opts.min_seeds, shown, [seeds for _, seeds, _ in rows]) + extra_notes,
         provenance(results),
         missing_lines(results),

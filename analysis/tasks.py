@@ -34,6 +34,14 @@ MODES = ("greedy", "sampled")
 OPTIONAL_FIELDS = ("true_success", "exploit_rate", "deadlock_rate")
 FIELDS = ("success", "return", "turns", *OPTIONAL_FIELDS)
 COLUMNS = ("point", "update", "mode", "task", "sample", *FIELDS, "env")
+# the better direction of a task metric's field; fields not listed have none (verdict higher/lower)
+HIGHER_IS_BETTER = {
+    "success": True,
+    "return": True,
+    "true_success": True,
+    "exploit_rate": False,
+    "deadlock_rate": False,
+}
 EPISODE_KEYS = ("perf/episodes", "env/episodes")  # episodes generated per update (refills included)
 TOKEN_KEYS = ("perf/rollout_tokens",)
 

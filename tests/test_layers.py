@@ -25,8 +25,9 @@ LAYER_IMPORTS: dict[str, set[str]] = {
     "cli": {"algorithms", "envs", "analysis"},
     # rollout and sandbox benchmarks step the environments
     "bench": {"envs"},
-    # task sets of `harness eval` and of sweeps (env registry); the optional fields of eval_tasks.jsonl
-    "experiments": {"envs", "analysis.tasks"},
+    # task sets of `harness eval` and of sweeps (env registry); the optional fields of eval_tasks.jsonl;
+    # the per-task scores and the verdict rule that decide the looks of a sweep with a seed budget
+    "experiments": {"envs", "analysis.tasks", "analysis.sequential"},
     # the math of every axis; the environments it trains on
     "rl": {"algorithms", "envs"},
     "diagnostics": set(),

@@ -9,6 +9,9 @@ sharing a results folder) is waited for at the end: finished there, it counts as
 unfinished, it runs here.
 
 `RunOptions.executor` replaces the local process pool (harness.experiments.ray_backend).
+
+A sweep with a seed budget (`seeds: {start, step, max}`) runs look by look
+(harness.experiments.sequential): each look's points go through the same local pool or executor.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ __all__ = ["RunOptions", "SweepResult", "plan", "run_sweep"]
 @dataclass
 class SweepResult:
     """counts: done | diverged | failed (this run), skipped (finished before), corrupt (damaged, not
-    run again without retry_failed), busy (held by another process), elsewhere (finished by it)."""
+    run again without retry_failed), busy (held by another process), elsewhere (finished by it),
+    blocked (a look of a seed budget that cannot be decided: its points failed or lack results)."""
 
     counts: dict[str, int]
     interrupted: bool = False
@@ -66,7 +70,7 @@ class SweepResult:
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not any(self.counts.get(k) for k in ("failed", "busy", CORRUPT))
+        return not self.interrupted and not any(self.counts.get(k) for k in ("failed", "busy", CORRUPT, "blocked"))
 
 
 def plan(sweep: Sweep, opts: RunOptions) -> list[tuple[Point, str]]:
@@ -108,7 +112,17 @@ def _prepare(sweep: Sweep, opts: RunOptions) -> None:
 
 
 def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResult:
-    """Run every point not finished yet. `progress`: a harness.experiments.progress.SweepProgress or None."""
+    """Run every point not finished yet (of a seed budget: look by look, until the verdicts).
+    `progress`: a harness.experiments.progress.SweepProgress or None."""
+    if sweep.budget is not None:
+        from harness.experiments.sequential import run_looks
+
+        return run_looks(sweep, opts, lambda look: _run_points(look, opts, progress))
+    return _run_points(sweep, opts, progress)
+
+
+def _run_points(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResult:
+    """Run every point of `sweep` not finished yet."""
     _prepare(sweep, opts)
     planned = plan(sweep, opts)
     todo = [p for p, action in planned if action == "run"]

@@ -9,7 +9,7 @@
       - {algo.clip.eps_low: [0.2, 0.003], algo.clip.eps_high: [0.28, 0.004]}
     points:                            # explicit points, added to the grid's (not crossed with it)
       - {label: gspo, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4}
-    seeds: [0, 1, 2]
+    seeds: [0, 1, 2]                   # or a budget: {start: 3, step: 2, max: 15} (harness.experiments.seed_budget)
     baseline: gspo                     # a label, or an override mapping; default: the first point
     equivalence_margin: 0.05           # optional: the verdict column's equivalence margin (analysis)
 
@@ -44,6 +44,7 @@ from harness.diagnostics.episode_metrics import EVAL_METRICS, PROBE_METRICS
 from harness.experiments.base_config import base_manifest, base_signature, excluded_keys
 from harness.experiments.bases import check_base_kind, load_base
 from harness.experiments.provenance import config_hash
+from harness.experiments.seed_budget import SeedBudget, check_until, parse_seed_budget
 
 SEED_KEY = "train.seed"
 SLUG_MAX = 64
@@ -78,7 +79,15 @@ class SweepSpec(BaseModel):
     points: list[dict[str, Any]] = Field(
         default_factory=list, description="Explicit override mappings, each with an optional label."
     )
-    seeds: list[Seed] = Field([0], min_length=1, description="Seeds; every variant runs once per seed.")
+    seeds: list[Seed] = Field(
+        [0],
+        min_length=1,
+        description="Seeds; every variant runs once per seed. Or a seed budget {start, step, max, spending}: "
+        "seeds are added at each look only to the variants still undetermined (docs/user-guide.md#sequential-seeds).",
+    )
+    until: str | None = Field(
+        None, description="With a seed budget: what stops adding seeds; only `verdict` (the default)."
+    )
     baseline: dict[str, Any] | str | None = Field(None, description="Reference variant: a label or overrides.")
     metric: str = Field(
         "eval_greedy/success",
@@ -151,6 +160,7 @@ class Sweep:
     metric: str = "eval_greedy/success"  # the held-out metric its table leads with
     tables: list[str] = field(default_factory=list)  # more held-out metrics for docs/results.md
     equivalence_margin: float | None = None  # the verdict column's margin; None: analysis's default
+    budget: SeedBudget | None = None  # a seed budget (sequential seeds); None: every point runs `seeds`
 
     def base_config(self) -> dict[str, Any]:
         """The base signature of the sweep (harness.experiments.base_config): the baseline's
@@ -196,6 +206,7 @@ class Sweep:
             "metric": f"final/{self.metric}",
             **({"tables": [f"final/{m}" for m in self.tables]} if self.tables else {}),
             **({"equivalence_margin": self.equivalence_margin} if self.equivalence_margin is not None else {}),
+            **({"sequential": {**self.budget.as_dict(), "until": "verdict"}} if self.budget else {}),
             **({"task_neutral": neutral} if (neutral := self.task_neutral_options()) else {}),
             **base_manifest(ref, self.axes),
             "variants": list(variants.values()),
@@ -312,7 +323,9 @@ def point_id(variant: str, seed: int, chash: str) -> str:
 STUDY_KEYS = ("space", "objective", "unmoved", "sampler", "pruner", "n_trials", "overrides", "heartbeat_s")
 
 
-def _read_spec(path: Path) -> SweepSpec:
+def _read_spec(path: Path) -> tuple[SweepSpec, SeedBudget | None]:
+    """The validated sweep file, and its seed budget when `seeds:` is a mapping (the spec then
+    lists seeds 0 .. max - 1, every point a look may run)."""
     raw = read_yaml(path, what="sweep")
     if not isinstance(raw, dict):
         raise ConfigError(
@@ -324,10 +337,15 @@ def _read_spec(path: Path) -> SweepSpec:
             f"{path}: this is a study file (it has {', '.join(study_keys)}); run it with `harness tune {path}`. "
             f"A sweep file for `harness sweep` lists its points under grid, zip or points."
         )
+    budget = parse_seed_budget(raw["seeds"], str(path)) if isinstance(raw.get("seeds"), dict) else None
+    if budget is not None:
+        raw = {**raw, "seeds": list(range(budget.max))}
     try:
-        return SweepSpec.model_validate(raw)
+        spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(error_paragraph(str(path), validation_lines(e, SweepSpec))) from None
+    check_until(spec.until, budget, str(path))
+    return spec, budget
 
 
 def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any], str]]:
@@ -467,8 +485,9 @@ def load_sweep(
     change the config hash, so such points never mix with the full ones. seeds: replace the
     file's seeds."""
     path = Path(path)
-    spec = _read_spec(path)
+    spec, budget = _read_spec(path)
     src = str(path)
+    budget = budget if seeds is None else None  # --seeds runs those seeds, each variant all of them
     spec = spec.model_copy(update={"seeds": _seeds(spec, src, seeds)})
     base = load_base(spec.base, path, "sweep")
     if base_overrides:
@@ -515,6 +534,7 @@ def load_sweep(
         spec.metric,
         list(spec.tables),
         spec.equivalence_margin,
+        budget,
     )
 
 

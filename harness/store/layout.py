@@ -2,7 +2,8 @@
 which folders are points and sweeps.
 
     <results>/                  MLFLOW_DB (MLflow's default store), CACHE (models and SFT, by hash)
-    <results>/<sweep>/          SWEEP_MANIFEST (what the sweep asked for), OPTUNA_DB (harness tune)
+    <results>/<sweep>/          SWEEP_MANIFEST (what the sweep asked for), OPTUNA_DB (harness tune),
+                                LOOKS (the looks of a sweep with a seed budget and what each decided)
     <results>/<sweep>/<point>/  one point:
         CONFIG        config.yaml      the resolved config
         METRICS       metrics.jsonl    one row per update (update 0 = the evaluation before RL)
@@ -31,7 +32,7 @@ from harness.store.files import atomic_write_text, file_lock
 
 # ----------------------------------------------------------------------------- names
 MLFLOW_DB, CACHE = "mlflow.db", ".cache"
-SWEEP_MANIFEST, OPTUNA_DB = "sweep.json", "optuna.db"
+SWEEP_MANIFEST, OPTUNA_DB, LOOKS = "sweep.json", "optuna.db", "looks.json"
 CONFIG, METRICS, SUMMARY, STATUS = "config.yaml", "metrics.jsonl", "summary.json", "status"
 SAMPLES, EVAL_TASKS, TIMINGS, EVENTS = "samples.jsonl", "eval_tasks.jsonl", "timings.jsonl", "events.jsonl"
 TRACEBACK, MLFLOW_RUN_ID = "traceback.txt", "mlflow_run_id"
