@@ -289,6 +289,10 @@ def run_bench(
 
         key = "real" if "real" in parts else "real_update"
         out[key] = bench_real(cfg, updates=steps, sampling="real" in parts)
+    if "learner" in parts:
+        from harness.bench.learner import bench_learner
+
+        out["learner_plan_vs_plain"] = bench_learner(cfg, repeats=steps)
     if "sandbox" in parts:
         from harness.bench.sandbox import bench_sandbox
 

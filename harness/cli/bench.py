@@ -12,7 +12,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import load_run_config
 
 PARTS = ("rollout", "memory", "trl", "engines", "update", "sandbox")  # the default set
-ALL_PARTS = (*PARTS, "concurrent", "real", "real_update")
+ALL_PARTS = (*PARTS, "concurrent", "real", "real_update", "learner")
 SHAPES = ("0.5b", "1.5b", "small")
 
 
@@ -25,8 +25,8 @@ def bench_command(
     only: list[str] = typer.Option(
         [],
         "--only",
-        help="rollout, memory, trl, engines, update, sandbox, concurrent, real and/or real_update "
-        "(default: all but concurrent, real and real_update).",
+        help="rollout, memory, trl, engines, update, sandbox, concurrent, real, real_update and/or learner "
+        "(default: all but concurrent, real, real_update and learner).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
     shape: str | None = typer.Option(
@@ -46,7 +46,9 @@ def bench_command(
     sandbox: seconds per call of the code sandbox vs the same interpreter run bare;
     real: the config's model (e.g. smollm2-135m-instruct) on this machine: the matmul floor, HF
     generate vs our engines at batches 32 and 1, and `--steps` updates split into rollout, log-probs
-    and update, with the peak resident memory; real_update: the same without the sampling part."""
+    and update, with the peak resident memory; real_update: the same without the sampling part;
+    learner: on one rollout batch, the update under the default plan vs train.learner.behaviour: sampler
+    (harness.rl.plan), `--steps` interleaved repeats a side."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]
