@@ -1,20 +1,26 @@
 """The findings of a results page: one row per contrast of every sweep's lead table (sweep | question
-| answer | Δ [CI] | verdict), and which sweeps share one baseline run (their errors are correlated).
+| answer | Δ [CI] | verdict | the page-wide Holm p of its difference and equivalence tests | verdict,
+page), and which sweeps share one baseline run (their errors are correlated).
 
 A sweep's question is its line in `<notes>/_questions.yaml` ({sweep: question}), else the first
 sentence of its description. The answer is the verdict in words (analysis.intervals.verdict); the
-verdicts are the table's, Holm-corrected across the contrasts of that table.
+verdicts are the table's, Holm-corrected across the contrasts of that table; the last three columns
+correct every published contrast together (analysis.family). A row kept from the previous page is
+its first five cells verbatim, its contrast read back from them (or from its section's hidden line).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from analysis.columns import DELTA
+from analysis.family import Contrast, design_df, from_text, p_text, read_exact, seeds_of
 from analysis.intervals import DIRECTIONS, Interval
 from analysis.load import AnalysisError
 from harness.store import FINISHED
@@ -91,24 +97,71 @@ def _answer(f: dict, margin: float) -> str:
     }.get(v, f"cannot tell {cell} from {base}")
 
 
-def rows(name: str, question: str, table, margin: float) -> list[list[str]]:
+@dataclass
+class Row:
+    """One row of the findings table: its first five cells (sweep | question | answer | Δ [95% CI] |
+    verdict) and its contrast (None for a sweep without one); `cell` the contrast's label, when known."""
+
+    sweep: str
+    cells: list[str]
+    contrast: Contrast | None = None
+    cell: str | None = None
+
+
+def _bold(verdict: str) -> str:
+    return f"**{verdict}**" if verdict in DIRECTIONS else verdict
+
+
+def rows(name: str, question: str, table, margin: float) -> list[Row]:
     """The findings rows of one sweep (its question on the first row only); none when it has no contrast."""
     out = []
     for i, f in enumerate(table.findings):
-        verdict = f"**{f['verdict']}**" if f["verdict"] in DIRECTIONS else f["verdict"]
         what = "Δ" if f["column"] == DELTA else "gain"
-        out.append(
-            [f"[{name}](#{name})", question if i == 0 else "", answer(f, margin), f"{what} {ci_text(f['interval'])}"]
-            + [verdict]
-        )
+        link = f"[{name}](#{name})"
+        cells = [link, question if i == 0 else "", answer(f, margin), f"{what} {ci_text(f['interval'])}"]
+        contrast = Contrast(f["interval"], f["verdict"], margin)
+        out.append(Row(name, cells + [_bold(f["verdict"])], contrast, f["cell"]))
     return out
 
 
-def markdown(table_rows: list[list[str] | str]) -> list[str]:
-    """The findings table; a row given as a string is an already written markdown row (kept verbatim)."""
+def kept_rows(name: str, texts: list[str], section: list[str], margin: float) -> list[Row]:
+    """A kept section's findings rows (markdown, from the previous page): the first five cells verbatim,
+    the contrast from the section's hidden line of exact intervals, else from the printed Δ [95% CI]
+    with the seeds of its '- Seeds:' line (analysis.family.from_text: approximate)."""
+    cells = [split_row(t)[:5] for t in texts]
+    exact = read_exact(section, len(cells))
+    out = []
+    for i, c in enumerate(cells):
+        label, iv = exact[i] if exact else (None, from_text(c[3], seeds_of(section)))
+        contrast = Contrast(iv, c[4].strip("*"), margin, approximate=exact is None, df_hi=design_df(section))
+        out.append(Row(name, c, contrast, label))
+    return out
+
+
+def split_row(row: str) -> list[str]:
+    """The cells of a markdown table row, with escaped bars restored."""
+    return [c.strip().replace(r"\|", "|") for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+HEAD = (
+    "| sweep | question | answer | Δ [95% CI] | verdict | Holm p, page: Δ ≠ 0 | Holm p, page: within ±m "
+    "| verdict, page |"
+)
+
+
+def page_cells(c: Contrast | None) -> list[str]:
+    """The page-level cells of a row: the page-wide Holm p of its two tests and its page verdict."""
+    if c is None:
+        return ["—", "—", "—"]
+    diff, equiv = p_text(c.adj_diff, c.approximate, c.adj_diff_lo), p_text(c.adj_equiv, c.approximate, c.adj_equiv_lo)
+    return [diff, equiv, _bold(c.page)]
+
+
+def markdown(table_rows: list[Row]) -> list[str]:
+    """The findings table (the contrasts already corrected: analysis.family.correct)."""
     esc = lambda s: s.replace("|", r"\|")  # noqa: E731
-    head = ["| sweep | question | answer | Δ [95% CI] | verdict |", "| :-- | :-- | :-- | --: | :-- |"]
-    return head + [r if isinstance(r, str) else "| " + " | ".join(esc(c) for c in r) + " |" for r in table_rows]
+    head = [HEAD, "| :-- | :-- | :-- | --: | :-- | --: | --: | :-- |"]
+    return head + ["| " + " | ".join(esc(c) for c in r.cells + page_cells(r.contrast)) + " |" for r in table_rows]
 
 
 def baseline_runs(results: pd.DataFrame) -> frozenset[str]:

@@ -3,7 +3,8 @@
     harness results-doc results --out docs/results.md
 
 The page, in this order: the findings (one row per contrast of every sweep's lead table: sweep |
-question | answer | Δ [CI] | verdict, analysis.findings) and which sweeps share a baseline run;
+question | answer | Δ [CI] | verdict, analysis.findings, then the same verdicts under one Holm
+correction across every contrast the page publishes, analysis.family) and which sweeps share a baseline run;
 a table of contents; the transfer table where docs/results_notes/_transfer.yaml exists (a
 contrast on the tiny model beside the same contrast on a real model, analysis.transfer);
 docs/results_notes/_intro.md and _limits.md (the limits of the regime);
@@ -17,7 +18,8 @@ unless the page being replaced already holds a table for it: that section (and i
 kept under a line saying so (`keep=True`, the default), so sweeps can be re-run and the page
 regenerated one sweep at a time without losing the others. The same holds for a study's printout
 when its Optuna storage is absent, and for a kept sweep's place in the sentences on shared baseline
-runs (each section with results carries its baseline run's config hashes in a hidden line).
+runs (each section with results carries its baseline run's config hashes in a hidden line) and for its
+contrasts in the page-wide correction (another hidden line holds their exact intervals).
 Paths are shown relative to the working directory (a results root elsewhere by its own name), so no
 page names a folder of the machine that built it.
 """
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import findings, transfer
+from analysis import family, findings, transfer
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.render import to_markdown
@@ -59,6 +61,20 @@ more or less than the baseline. The line under each table is the minimum detecta
 not a threshold for a finding. The cost columns are totals per run, mean over seeds. Every
 interval, band and MDE comes from one model (docs/algorithms.md#statistics):
 """
+PAGE_LEGEND = (
+    "Page-level columns (findings and transfer tables): the same verdicts corrected across every contrast "
+    "the page publishes at once, not table by table (analysis/family.py). Holm, not Benjamini-Hochberg: it "
+    "controls the same error as the tables' verdicts (the chance of any false claim, 0.05) and holds "
+    "under any dependence, and these tests depend on each other (sweeps share baseline runs; a contrast's "
+    "difference and equivalence tests use the same interval). The equivalence test's p is TOST's, the larger "
+    "of the two one-sided p-values against -m and +m (below 0.05 exactly when the 90% interval lies "
+    "inside ±m). ≈: a row of a section kept from the previous page holds only its printed Δ [95% CI], "
+    "rounded to 0.01, so its p-values are approximate: read with seeds - 1 df, the fewest an interval "
+    "has, they are the largest they can be (up to the rounding); where the df of its sweep's design (the "
+    "line under its table) would let the verdict survive, the cell gives the range and the page verdict is "
+    "unresolved until the sweep is re-run (a section made from its results stores its exact intervals in a "
+    "hidden line, read back when it is kept)."
+)
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,8 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
     table = table_for(folder, margin=sf.margin)
     sec.table = table
     sec.margin = sf.margin if sf.margin is not None else margin_of(meta.raw, f"{folder.name}/sweep.json")
+    if table.findings:  # read back when the section is kept, for the page-wide correction (analysis.family)
+        lines += [family.exact_line([(f["cell"], f["interval"]) for f in table.findings]), ""]
     lines += [to_markdown(table, footer=False, shared_legend=True).rstrip(), ""]
     if table.missing:
         lines += ["Missing or unfinished:", ""] + [f"- {m}" for m in table.missing] + [""]
@@ -274,24 +292,49 @@ def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) ->
     return sec
 
 
-def _findings(sections: list[Section], asked: dict[str, str], previous: list[tuple[str, list[str]]]) -> list[str]:
-    rows: list = []
+def _rows(sections: list[Section], asked: dict[str, str]) -> list[findings.Row]:
+    """The findings rows of every sweep, in page order, with their contrasts (not yet corrected)."""
+    rows: list[findings.Row] = []
     for sec in sections:
+        name = sec.sf.name
         if sec.sf.study:
             continue
         if sec.kept_rows:
-            rows += sec.kept_rows  # already markdown
+            margin = sec.sf.margin if sec.sf.margin is not None else margin_of({}, name)
+            rows += findings.kept_rows(name, sec.kept_rows, sec.lines, margin)
             continue
-        question = findings.question_of(sec.sf.name, sec.sf.description, asked)
-        found = findings.rows(sec.sf.name, question, sec.table, sec.margin) if sec.table is not None else []
-        rows += found or [[f"[{sec.sf.name}](#{sec.sf.name})", question, sec.status or "no contrast", "—", "—"]]
-    lines = [
-        "## Findings",
-        "",
-        "One row per contrast of every sweep's lead table, with its verdict by the rule under "
-        "[How to read the tables](#how-to-read-the-tables) (Holm across each table's contrasts).",
-        "",
-    ]
+        question = findings.question_of(name, sec.sf.description, asked)
+        found = findings.rows(name, question, sec.table, sec.margin) if sec.table is not None else []
+        rows += found or [findings.Row(name, [f"[{name}](#{name})", question, sec.status or "no contrast", "—", "—"])]
+    return rows
+
+
+FINDINGS = (
+    "One row per contrast of every sweep's lead table, with its verdict by the rule under "
+    "[How to read the tables](#how-to-read-the-tables) (Holm across each table's contrasts). The last three "
+    "columns correct the whole page as one family: Holm at family-wise error 0.05 across the {k} tests "
+    "with a p-value that the page publishes (every contrast's difference test and its equivalence test "
+    "against ±m, the sweep's margin, and the size test of every transfer row), each column the Holm-adjusted "
+    "p-value of one test; verdict, page is the table's verdict where the test behind it survives this "
+    "correction (adjusted p ≤ 0.05), else undetermined (unresolved: see ≈ under How to read the tables). "
+    "The tables of secondary metrics inside the sections (greedy success, one environment of a mixture) are "
+    "not in the family. {changed}"
+)
+
+
+def _changed(rows: list[findings.Row]) -> str:
+    """How many verdicts the page-wide correction weakens, and how many it leaves unresolved."""
+    tested = [r.contrast for r in rows if r.contrast is not None]
+    weaker = sum(c.page not in (c.verdict, family.UNRESOLVED) for c in tested)
+    open_ = sum(c.page == family.UNRESOLVED for c in tested)
+    out = f"Of the {len(tested)} verdicts, {weaker} become undetermined under it"
+    return out + (f" and {open_} are unresolved from the kept text (≈ below)." if open_ else ".")
+
+
+def _findings(
+    sections: list[Section], rows: list[findings.Row], k: int, previous: list[tuple[str, list[str]]]
+) -> list[str]:
+    lines = ["## Findings", "", FINDINGS.format(k=k, changed=_changed(rows)), ""]
     shared = findings.shared_baselines({s.sf.name: s.baseline_run for s in sections})
     # a sentence of a page older than the hidden baseline lines stays while every sweep it names is kept
     # without them (nothing it says can have changed); once one of them is re-run the sentence is
@@ -331,17 +374,23 @@ def write_results_doc(
     kept_transfer = transfer.previous_rows(before)
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
-    previous = previous_shared(before)
-    lines = [HEADER.format(**names, questions=findings.QUESTIONS), *_findings(sections, asked, previous)]
+    by_name = {s.sf.name: s for s in sections}
+    rows = _rows(sections, asked)
+    moved_rows = transfer.computed(moved, by_name, kept_transfer, rows) if moved is not None else []
+    contrasts = [r.contrast for r in rows if r.contrast] + [c.contrast for c in moved_rows if c.contrast]
+    family.correct(contrasts)  # one family for the page: every published contrast's tests
+    found = _findings(sections, rows, family.family_size(contrasts), previous_shared(before))
+    lines = [HEADER.format(**names, questions=findings.QUESTIONS), *found]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]
     parts = ([transfer.TITLE] if moved is not None else []) + [t for t, _ in front] + ["How to read the tables"]
     lines += _contents(sections, parts)
     if moved is not None:
-        lines += transfer.lines(moved, {s.sf.name: s for s in sections}, kept_transfer)
+        lines += transfer.lines(moved, moved_rows, rows)
     for title, path in front:
         lines += [f"## {title}", "", path.read_text(encoding="utf-8").strip(), ""]
-    lines += ["## How to read the tables", "", READING.rstrip(), ""] + [f"- {item}" for item in legend("pm")] + [""]
+    items = [*legend("pm"), PAGE_LEGEND]
+    lines += ["## How to read the tables", "", READING.rstrip(), ""] + [f"- {item}" for item in items] + [""]
     for sec in sections:
         lines += sec.lines + ["### Notes", "", _notes(notes, sec.sf.name), ""]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,13 @@ The relation of the two verdicts:
   predates the verdict rule), with the reason in that side's cell.
 
 A relation compares verdicts, not sizes: a contrast can be worse on one model and undetermined on the
-other while the two Δs clearly differ. The last column tests that directly: the real model's Δ minus
+other while the two Δs clearly differ. The size column tests that directly: the real model's Δ minus
 the tiny model's (gain minus gain for a gain row), with a 95% t interval whose standard error is the
 two sides' combined (the experiments are independent: other models, other runs) and whose degrees of
 freedom are Welch-Satterthwaite's from the two sides' own (docs/algorithms.md#statistics).
-It is not adjusted across rows.
+It is not adjusted across rows; the page-wide correction (analysis.family) takes it into its family, and
+the last two columns give the relation of the two sides' page-level verdicts and the size test's p-value
+under that correction.
 
 A sweep whose results folder is absent keeps its section from the previous page (analysis.results_doc);
 its side of a row is then the previous page's cell for it, verbatim, with the verdict read from that
@@ -39,12 +41,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from analysis.findings import ci_text
+from analysis.family import Contrast, from_text, p_text, seeds_of
+from analysis.findings import Row as FindingsRow
+from analysis.findings import ci_text, split_row
 from analysis.intervals import DIRECTIONS, Interval, independent_difference
 from analysis.load import AnalysisError
 
@@ -174,46 +178,106 @@ def check_sweeps(sp: Spec, path: Path, names: list[str]) -> None:
                 )
 
 
-def _split(row: str) -> list[str]:
-    """The cells of a markdown table row, with escaped bars restored."""
-    return [c.strip().replace(r"\|", "|") for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
-
-
 def previous_rows(text: str) -> dict[str, list[str]]:
     """The transfer table of the page being replaced (its text; empty where there is none):
-    {contrast: [contrast, tiny, real, relation, size]}."""
+    {contrast: [contrast, tiny, real, relation, size, ...]}."""
     if f"\n## {TITLE}\n" not in text:
         return {}
     section = text.split(f"\n## {TITLE}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [_split(line) for line in section.splitlines() if line.startswith("| ")][2:]  # below head and rule
-    return {r[0]: r for r in rows if len(r) == 5}
+    rows = [split_row(line) for line in section.splitlines() if line.startswith("| ")][2:]  # below head and rule
+    return {r[0]: r for r in rows if len(r) >= 5}
 
 
-def lines(sp: Spec, sections: dict, previous: dict[str, list[str]] | None = None) -> list[str]:
-    """The page's transfer section: sections is {sweep name: analysis.results_doc.Section}, holding
-    every sweep the rows name (check_sweeps); previous is the replaced page's rows (previous_rows)."""
+@dataclass
+class Computed:
+    """One row of the transfer table before the page-wide correction: its two sides, the size column
+    and the size test (None where there is no size)."""
+
+    row: Row
+    tiny: _Found
+    real: _Found
+    size: str
+    contrast: Contrast | None
+
+
+def _seeds(sides: tuple[Side | None, ...], sections: dict) -> int:
+    return min(seeds_of(sections[s.sweep].lines) for s in sides if s is not None)
+
+
+def _exact(side: Side | None, found: _Found, findings: list[FindingsRow]) -> _Found:
+    """A kept side with its exact interval, where its section kept the hidden line of exact intervals."""
+    hit = _matches(side, found, findings)
+    if found.interval is not None or len(hit) != 1 or hit[0].contrast.approximate:
+        return found
+    return replace(found, what=found.text.split(" ")[0], interval=hit[0].contrast.interval)
+
+
+def computed(
+    sp: Spec, sections: dict, previous: dict[str, list[str]] | None = None, findings: list[FindingsRow] = ()
+) -> list[Computed]:
+    """Every row's sides and size: sections is {sweep name: analysis.results_doc.Section}, holding every
+    sweep the rows name (check_sweeps); previous is the replaced page's rows (previous_rows); findings
+    the page's findings rows (a kept side's exact interval, where its section stored one)."""
+    out = []
+    for r in sp.rows:
+        old = (previous or {}).get(r.contrast)
+        tiny, real = (_cell(s, sections, old[i] if old else None) for i, s in ((1, r.tiny), (2, r.real)))
+        tiny, real = _exact(r.tiny, tiny, findings), _exact(r.real, real, findings)
+        size = _difference(tiny, real)
+        iv = independent_difference(real.interval, tiny.interval) if size.startswith(("+", "-")) else None
+        approximate = False
+        if _kept(r.tiny, sections) or _kept(r.real, sections):
+            same = old is not None and (old[1], old[2]) == (tiny.text, real.text)
+            size = old[4] if same else KEPT_SIZE
+            if iv is None or not same:
+                iv, approximate = from_text(size, _seeds((r.tiny, r.real), sections)), True
+        contrast = Contrast(iv, "undetermined", None, approximate) if iv is not None else None
+        out.append(Computed(r, tiny, real, size, contrast))
+    return out
+
+
+def _matches(side: Side | None, found: _Found, findings: list[FindingsRow]) -> list[FindingsRow]:
+    """The findings rows a side is: by cell label, or for a kept side (no label) by its Δ text."""
+    if side is None or found.verdict is None:
+        return []
+    mine = [f for f in findings if f.sweep == side.sweep and f.contrast is not None]
+    return [f for f in mine if f.cell == side.cell] or [f for f in mine if found.text.startswith(f.cells[3] + " ")]
+
+
+def _page_verdict(side: Side | None, found: _Found, findings: list[FindingsRow]) -> str | None:
+    """A side's page-level verdict: its findings row's (a kept side's by its Δ text, where every row of
+    its sweep with that text has the same page verdict)."""
+    if side is None or found.verdict is None:
+        return None
+    verdicts = {f.contrast.page for f in _matches(side, found, findings)}
+    return verdicts.pop() if len(verdicts) == 1 else None
+
+
+def lines(sp: Spec, rows: list[Computed], findings: list[FindingsRow]) -> list[str]:
+    """The page's transfer section, once the page-wide correction has run (analysis.family.correct)."""
     head = [
         f"## {TITLE}",
         "",
         f"Each contrast measured with the tiny model beside the same contrast with {sp.model}, each side "
         "with its own sweep's Δ, interval and verdict (Holm across that sweep's contrasts). agree: the same "
         "verdict; reverse: opposite directions; differ: both determined, otherwise different; "
-        "undetermined: either side undetermined. The last column compares sizes instead of verdicts: "
+        "undetermined: either side undetermined. The fifth column compares sizes instead of verdicts: "
         f"{sp.model}'s Δ minus the tiny model's, with a 95% t interval from the two sides' standard errors "
         "(independent experiments; Welch-Satterthwaite degrees of freedom), not adjusted across rows; "
-        "where it excludes 0 the contrast's size differs between the two models.",
+        "where it excludes 0 the contrast's size differs between the two models. The last two columns "
+        "correct every contrast of the page together ([Findings](#findings)): the relation of the two "
+        "sides' page-level verdicts, and the size test's Holm-adjusted p-value across the page "
+        "(≈: read from a kept row's rounded interval).",
         "",
-        f"| contrast | tiny model | {sp.model} | relation | {sp.model} − tiny |",
-        "| :-- | :-- | :-- | :-- | :-- |",
+        f"| contrast | tiny model | {sp.model} | relation | {sp.model} − tiny | relation, page | "
+        "Holm p, page: sizes differ |",
+        "| :-- | :-- | :-- | :-- | :-- | :-- | --: |",
     ]
     body = []
-    for r in sp.rows:
-        old = (previous or {}).get(r.contrast)
-        tiny, real = (_cell(s, sections, old[i] if old else None) for i, s in ((1, r.tiny), (2, r.real)))
-        size = _difference(tiny, real)
-        if _kept(r.tiny, sections) or _kept(r.real, sections):
-            same = old is not None and (old[1], old[2]) == (tiny.text, real.text)
-            size = old[4] if same else KEPT_SIZE
-        cells = (r.contrast, tiny.text, real.text, relation(tiny.verdict, real.verdict), size)
-        body.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
+    for c in rows:
+        tiny, real = (_page_verdict(s, f, findings) for s, f in ((c.row.tiny, c.tiny), (c.row.real, c.real)))
+        p = p_text(c.contrast.adj_diff, c.contrast.approximate) if c.contrast else "—"
+        cells = (c.row.contrast, c.tiny.text, c.real.text, relation(c.tiny.verdict, c.real.verdict), c.size)
+        cells += (relation(tiny, real), p)
+        body.append("| " + " | ".join(x.replace("|", r"\|") for x in cells) + " |")
     return head + body + [""]

@@ -184,4 +184,4 @@ def test_a_sweep_not_in_the_root_keeps_its_section_and_findings_until_it_is_re_r
     assert cli("results-doc", part, "--out", out, "--sweeps", sweeps, "--no-keep").exit_code == 0
     dropped = out.read_text()
     assert "Not run yet: `harness sweep sweeps/other.yaml`" in section(dropped, "other")
-    assert rows(dropped, "other") == ["| [other](#other) | The other sweep | not run yet | — | — |"]
+    assert rows(dropped, "other") == ["| [other](#other) | The other sweep | not run yet | — | — | — | — | — |"]

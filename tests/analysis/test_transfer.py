@@ -132,7 +132,7 @@ def test_transfer_table_compares_sizes_of_the_same_kind_only(tmp_path):
     root, sweeps, out = _page(tmp_path, ROWS)
     section = write_results_doc(root, out, sweeps).read_text().split("\n## Transfer to a pretrained model\n")[1]
     rows = [line.strip("|").split("|") for line in section.split("\n## ")[0].splitlines() if line.startswith("| ")]
-    assert rows[0][-1].strip() == "RealLM − tiny"
+    assert rows[0][4].strip() == "RealLM − tiny" and rows[0][5].strip() == "relation, page"
     same = rows[2]  # the same sweep on both sides: d = 0 with an interval wider than either side's
     side = [float(x) for x in same[1].split("[")[1].split("]")[0].split(",")]
     d = [float(x) for x in same[4].split("[")[1].split("]")[0].split(",")]
