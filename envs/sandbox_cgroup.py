@@ -35,6 +35,7 @@ PREFIX = "harness-sandbox-"
 NOKMEM = "cgroup.memory=nokmem"  # the boot option that turns kernel-memory accounting off, v1 and v2 alone
 V1 = {"limit": "memory.limit_in_bytes", "swap": "memory.memsw.limit_in_bytes", "events": "memory.oom_control"}
 V2 = {"limit": "memory.max", "swap": "memory.swap.max", "events": "memory.events"}
+V1["reclaim"], V2["reclaim"] = "memory.force_empty", "memory.reclaim"
 
 
 def _mounts() -> dict[str, Path]:
@@ -128,6 +129,7 @@ class JailCgroup:
 
     def __init__(self, root: Path, limit_mb: int):
         self.files = V2 if (root / "cgroup.controllers").exists() else V1
+        self.limit_mb = limit_mb
         self.path = root / f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         self.path.mkdir()
         try:
@@ -162,7 +164,20 @@ class JailCgroup:
         except (OSError, ValueError):
             return 0
 
+    def reclaim(self) -> None:
+        """Free what the call still has charged once its processes are gone. What a removed cgroup held
+        is handed to its parent, not freed: negative dentries a program made by looking up names that do
+        not exist in the bound host folders (about 450 bytes each, 133 MiB for 300,000 lookups) would stay
+        in the host's cache after the call. v1 `memory.force_empty` and v2 `memory.reclaim` reclaim the
+        cgroup's own pages and its slab (cgroup-v1/memory.rst, cgroup-v2.rst)."""
+        amount = "0" if self.files is V1 else f"{self.limit_mb}M"
+        try:
+            (self.path / self.files["reclaim"]).write_text(amount)
+        except OSError:  # v2 says EAGAIN when less than asked was left to reclaim
+            pass
+
     def remove(self) -> None:
+        self.reclaim()
         _remove(self.path)
 
 

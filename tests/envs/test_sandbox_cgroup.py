@@ -28,7 +28,7 @@ def test_v2_per_call_cgroups_go_where_children_get_the_memory_controller(tmp_pat
     assert root is None and "delegated subtree" in why and str(service) in why
 
 
-def test_v2_limit_no_swap_whole_jail_killed_and_events_read(tmp_path):
+def test_v2_limit_no_swap_whole_jail_killed_events_read_and_reclaimed(tmp_path):
     root = _cgroup(tmp_path, "memory\n")
     cgroup = JailCgroup(root, 300)
     try:
@@ -38,5 +38,7 @@ def test_v2_limit_no_swap_whole_jail_killed_and_events_read(tmp_path):
         assert not cgroup.oom_killed() and cgroup.failures() == 0  # no events file yet: nothing happened
         (cgroup.path / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\noom_group_kill 1\n")
         assert cgroup.oom_killed() and cgroup.failures() == 7
+        cgroup.reclaim()  # what the call still holds is freed, not handed to the parent
+        assert (cgroup.path / "memory.reclaim").read_text() == "300M"
     finally:
         shutil.rmtree(cgroup.path)
