@@ -118,7 +118,8 @@ class Result:
         if self.exit_code != 0:
             tail = "\n".join(self.stderr.strip().splitlines()[-error_lines:])
             error = ("Error:\n" + shown(tail)) if tail else f"Error: exit code {self.exit_code}"
-            return (error + TMP_FULL.get(self.tmp_full, ""))[:limit]
+            note = TMP_FULL.get(self.tmp_full, "")
+            return error[: limit - len(note)] + note
         return shown(self.stdout)[:limit]
 
 

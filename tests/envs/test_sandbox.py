@@ -82,6 +82,7 @@ def test_a_full_tmp_is_named_in_the_observation():
     r = run_python(names, Limits(wall_s=15.0, cpu_s=3, file_mb=1))
     assert r.exit_code == 1 and r.tmp_full == "files" and "No space left on device" in r.observation()
     assert r.observation().endswith("[/tmp is full: it holds a limited number of files and folders]")
+    assert r.observation(limit=100).endswith("files and folders]")  # a long error is cut, not the note
     r = run_python("import os\nos.mkdir('/tmp/x')\n", FAST)
     assert r.ok and r.tmp_full is None
 
