@@ -69,13 +69,21 @@ def preflight(sweep: Any) -> None:
 def _print_points(sweep: Any, results: Path, reuse: bool = True) -> None:
     from harness.experiments.point import RunOptions, find_donor, point_dir, point_state
 
-    print(
-        f"sweep {sweep.name}: {len(sweep.points)} points ({len(sweep.points) // len(sweep.seeds)} variants x "
-        f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}"
-    )
+    points = sweep.points
+    if sweep.budget is not None:  # the looks decided so far and the points up to the next one
+        from harness.experiments.sequential import plan_lines
+
+        lines, points = plan_lines(sweep, results)
+        print("\n".join(lines))
+        print(f"  {len(points)} points in the looks taken and the next; axes: {', '.join(sweep.axes)}")
+    else:
+        print(
+            f"sweep {sweep.name}: {len(points)} points ({len(points) // len(sweep.seeds)} variants x "
+            f"{len(sweep.seeds)} seeds); axes: {', '.join(sweep.axes)}; baseline: {sweep.baseline}"
+        )
     if sweep.description:
         print("  " + " ".join(sweep.description.split()))
-    for p in sweep.points:
+    for p in points:
         status = point_state(point_dir(results, sweep.name, p)) or "new"
         if status == "new" and reuse and find_donor(p, sweep.name, RunOptions(results=results)):
             status = "copy"  # an identical finished run in another sweep folder (RunOptions.reuse)
@@ -90,6 +98,7 @@ EXTRA_COUNTS = {
     "busy": "busy (held by another process)",
     "corrupt": "corrupt (damaged files; --retry-failed runs them again)",
     "reused": "of the done copied from identical finished runs in other sweep folders (--no-reuse trains them)",
+    "blocked": "look(s) of the seed budget blocked (see below)",
 }
 
 
@@ -135,7 +144,12 @@ def _run(
 @app.command()
 def sweep(
     file: Path = typer.Argument(..., help="Sweep YAML file (see sweeps/)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the points (id, overrides, status) and exit."),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the points (id, overrides, status) and exit; with a seed budget, the looks decided so far "
+        "and which variants the next look gives seeds.",
+    ),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Points run in parallel, each in its own process."),
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Run failed and corrupt points again (default: skip them; see `harness check`)."

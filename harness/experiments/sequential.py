@@ -107,6 +107,7 @@ def record(sweep: Sweep, plan: Any, outcome: Any, folder: Path) -> None:
 def plan_lines(sweep: Sweep, results: Path) -> tuple[list[str], list[Point]]:
     """What `--dry-run` prints for a sweep with a budget (the decisions so far, the next look and
     which variants get seeds), and the points up to that look."""
+    check_recorded(sweep, sweep.budget.plan(sweep.equivalence_margin), Path(results) / sweep.name)
     plan, outcome, _ = decide_looks(sweep, results)
     looks = ", ".join(map(str, plan.looks))
     lines = [

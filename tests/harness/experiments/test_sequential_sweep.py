@@ -1,7 +1,7 @@
 """Sweeps with a seed budget (`seeds: {start, step, max}`): the file's checks, the looks run by the
 local pool (one process and `--workers 2`), looks.json, resuming at the same look after Ctrl-C or a
-lost looks.json, the dry-run plan, the table's seeds, verdicts and seeds-needed note, and a plan
-changed after a look.
+lost looks.json, the dry-run plan, the table's seeds, verdicts and seeds-needed note, a plan
+changed after a look, bad budgets, and (slow) the same looks through `--backend ray`.
 
 Uses tests/support/sequential_trainer.py: per-task held-out results that are a pure function of
 (lr, seed, task), with an lr-coded effect per arm: lr 2e-4 is +0.3 (better at the first look),
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from harness.experiments.runner import run_sweep
 from harness.experiments.sequential import plan_lines
 from harness.experiments.sweep import load_sweep
 from harness.store import LOOKS, SWEEP_MANIFEST
+from tests.helpers import REPO
 from tests.support import sequential_trainer
 
 BASE = "env: {name: frozenlake}\ntrain: {updates: 2}\ntracking: {mlflow: false}\n"
@@ -166,3 +169,21 @@ def test_bad_budgets_are_one_paragraph_naming_file_key_value_and_choices(tmp_pat
         load_sweep(path)
     text = str(err.value)
     assert text.startswith(str(path)) and message in text and "\n" not in text
+
+
+@pytest.mark.slow  # two looks, each starting a local Ray instance (about 20 s each on 2 cores)
+def test_the_ray_backend_takes_the_same_looks_as_the_local_pool(tmp_path):
+    pytest.importorskip("ray")  # the optional extra `dist`
+    seeds = "seeds: {start: 3, step: 3, max: 6}\n"
+    reference = tmp_path / "ref"
+    reference.mkdir()
+    run_sweep(load_sweep(sweep_file(reference, seeds=seeds)), options(reference))
+    path = sweep_file(tmp_path, seeds=seeds)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HARNESS_TRAIN_FN": "tests.support.sequential_trainer:train"}
+    cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--backend", "ray", "--workers", "2"]
+    cmd += ["--results", str(tmp_path / "results"), "--no-mlflow"]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "look 2 of 2: 6 seeds for" in out.stdout
+    assert looks_file(tmp_path) == looks_file(reference)
+    assert seeds_run(tmp_path) == seeds_run(reference)
