@@ -15,6 +15,11 @@ the budget spent (demonstrations first). What keeps a figure readable:
   each other); a line whose values equal an earlier one's says "identical to X" in the legend;
 - two axes with more than SMALL_MULTIPLES cells: one panel column per value of the first axis
   (lines: the second axis), the baseline in grey in every column;
+- at most MAX_COLUMNS panel columns, so that no figure is much wider than a page shows it: more
+  panels (or values of the first axis) wrap into further rows;
+- no band is drawn to a point where every seed has the same value (before RL every seed starts from
+  the same checkpoint): a band pinched to zero width would claim a certainty the seeds cannot give;
+  an interval with no neighbour that has a spread is an error bar;
 - the training family is a SMOOTH-update moving average of each seed (the band is over the
   smoothed seeds); a KL panel whose largest line peaks TOO_TALL times above the typical one is on a
   symmetric log scale, so that one blow-up does not flatten the rest;
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -46,6 +52,9 @@ from harness.store import CORRUPT
 FORMATS = ("png", "svg")
 MAX_BANDS = 3  # more lines in a panel: only the baseline's band
 SMALL_MULTIPLES = 6  # a two-axis grid with more cells gets one panel column per value of its first axis
+# panel columns at most: two panels and the legend stay under about 1,800 px at 150 dpi; more panels wrap
+# into further rows (small multiples: the first axis's values in blocks of MAX_COLUMNS, one block under another)
+MAX_COLUMNS = 2
 SMOOTH = 5  # moving-average window of the training family (updates), when a run logs 3 windows or more
 # float32 sampling and recomputation agree to ~1e-11 nats of k3 (the committed sweeps without
 # off-policy data); a stale adapter or a bfloat16 sampler gives 1e-5 or more
@@ -138,13 +147,15 @@ class Context:
     banded: set[str] = field(default_factory=set)  # labels whose band some panel shaded
     many: bool = False  # a panel holds more than MAX_BANDS lines: only the baseline's band
     symlog: bool = False
+    flat: set[str] = field(default_factory=set)  # where a shaded line's seeds all agree: "start" (update 0), "later"
+    alone: bool = False  # some interval stood alone between such points: drawn as an error bar
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
 
 
-def _line(ax, g: pd.DataFrame, st: LineStyle, band: bool, grey: bool) -> None:
+def _line(ax, g: pd.DataFrame, st: LineStyle, band: bool, grey: bool, ctx: Context) -> None:
     color = BASELINE_GREY if grey else st.color
     face = "white" if st.hollow else color
     ax.plot(
@@ -160,7 +171,23 @@ def _line(ax, g: pd.DataFrame, st: LineStyle, band: bool, grey: bool) -> None:
         zorder=1 if grey else 2,
     )
     if band:
-        ax.fill_between(g["x"], g["lo"], g["hi"], color=color, alpha=0.15, linewidth=0)
+        _band(ax, g, color, ctx)
+
+
+def _band(ax, g: pd.DataFrame, color, ctx: Context) -> None:
+    """The 95% band where the seeds differ: a point whose seeds all have the same value (before RL every
+    seed starts from the same checkpoint) has no spread to show, so the band is not drawn to it (it would
+    pinch to zero width); an interval with no such neighbour on either side is an error bar."""
+    x, mean, lo, hi = (g[k].to_numpy(dtype=float) for k in ("x", "mean", "lo", "hi"))
+    wide = np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
+    flat = np.isfinite(lo) & (hi == lo)
+    ctx.flat |= {"start" if u == 0 else "later" for u in g["update"].to_numpy()[flat]}
+    ax.fill_between(x, lo, hi, where=wide, color=color, alpha=0.15, linewidth=0)
+    alone = wide & ~np.r_[False, wide[:-1]] & ~np.r_[wide[1:], False]
+    if alone.any():
+        err = [mean[alone] - lo[alone], hi[alone] - mean[alone]]
+        ax.errorbar(x[alone], mean[alone], yerr=err, fmt="none", ecolor=color, alpha=0.5, capsize=3, linewidth=1.2)
+        ctx.alone = True
 
 
 def _panel(ax, data: pd.DataFrame, metric: str, x: str, ctx: Context) -> set[str]:
@@ -172,7 +199,7 @@ def _panel(ax, data: pd.DataFrame, metric: str, x: str, ctx: Context) -> set[str
     b["x"] = x_positions(b, x, ctx.curves, ctx.results)
     for label, g in b.dropna(subset=["x"]).groupby("label", sort=False):
         band = not ctx.many or label == ctx.baseline
-        _line(ax, g, ctx.styles[label], band, label in ctx.grey)
+        _line(ax, g, ctx.styles[label], band, label in ctx.grey, ctx)
         if band:
             ctx.banded.add(label)
     shown = set(b["label"])
@@ -213,6 +240,8 @@ def _title(family: Family, ctx: Context, n_collapse: int) -> str:
         what = f"Lines: {avg}{over}; band: the baseline's{base} 95% t interval over seeds only"
     else:
         what = f"Lines: {avg}{over}; bands: 95% t interval over seeds"
+    if seeds >= 2 and (ctx.flat or ctx.alone):
+        what += _band_words(ctx)
     marks = f"; dotted verticals: collapse detected ({n_collapse} runs)" if n_collapse else ""
     scale = "; KL on a symmetric log scale (linear below 0.01)" if ctx.symlog else ""
     grey = "; grey dashed: the baseline, in every column" if ctx.grey else ""
@@ -226,11 +255,19 @@ def _title(family: Family, ctx: Context, n_collapse: int) -> str:
     return f"{meta.name}: {family.title} ({drawn}). {what}{marks}{scale}{grey}.{budget}"
 
 
+def _band_words(ctx: Context) -> str:
+    flat = "no band where every seed has the same value"
+    if ctx.flat == {"start"}:
+        flat += ", as at update 0, where every seed starts from the same checkpoint"
+    alone = "an error bar where an interval has no neighbour with a spread"
+    return " (" + "; ".join(w for w, on in ((flat, ctx.flat), (alone, ctx.alone)) if on) + ")"
+
+
 # ----------------------------------------------------------------------------- figures
 def _shape(family: Family, n_panels: int) -> tuple[int, int]:
     if len(family.x) > 1:
         return len(family.x), n_panels
-    cols = 2 if n_panels == 4 else min(n_panels, 3)
+    cols = min(n_panels, MAX_COLUMNS)
     return -(-n_panels // cols), cols
 
 
@@ -289,7 +326,8 @@ def family_figure(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -
 
 def small_multiples(family: Family, curves: pd.DataFrame, results: pd.DataFrame) -> Figure | None:
     """A two-axis grid with many cells: rows = the family's metrics against updates, one column per
-    value of the first axis; lines = the second axis's values; the baseline grey in every column."""
+    value of the first axis (MAX_COLUMNS columns, further values in blocks of rows below); lines = the
+    second axis's values; the baseline grey in every column."""
     chosen = _chosen(family, curves)
     if not chosen:
         return None
@@ -298,7 +336,10 @@ def small_multiples(family: Family, curves: pd.DataFrame, results: pd.DataFrame)
     short = short_axis_names(meta.axes)
     values = list(dict.fromkeys(format_value(v) for v in results[first]))
     fam = replace(family, x=("update",))
-    fig, axes = panels(len(chosen), len(values))
+    cols = min(len(values), MAX_COLUMNS)
+    blocks = -(-len(values) // cols)  # the values in blocks of `cols` columns, one block of metric rows each
+    fig, axes = panels(len(chosen) * blocks, cols)
+    at = lambda i, j: axes[(j // cols) * len(chosen) + i][j % cols]  # noqa: E731  metric i, value j
     styles = line_styles(results, by=1)
     ctx = _context(fam, curves, results, styles)
     ctx.many = results[second].nunique() + 1 > MAX_BANDS  # a column's lines and the grey baseline
@@ -308,10 +349,14 @@ def small_multiples(family: Family, curves: pd.DataFrame, results: pd.DataFrame)
         ctx.grey = {ctx.baseline} - set(own) if ctx.baseline else set()
         for i, (title, metric) in enumerate(chosen):
             sub = curves[(curves["metric"] == metric) & curves["label"].isin(own + sorted(ctx.grey))]
-            _panel(axes[i][j], sub, metric, "update", ctx)
-            axes[i][j].set_title(f"{title} · {short[first]}={v}", fontsize=10)
-            axes[i][j].set_ylabel(metric if j == 0 else "", fontsize=9)
-    for row in axes:  # one metric per row: the same y range in every column, so columns compare
+            _panel(at(i, j), sub, metric, "update", ctx)
+            at(i, j).set_title(f"{title} · {short[first]}={v}", fontsize=10)
+            at(i, j).set_ylabel(metric if j % cols == 0 else "", fontsize=9)
+    for j in range(len(values), blocks * cols):  # the last block's empty places
+        for i in range(len(chosen)):
+            at(i, j).set_visible(False)
+    for i in range(len(chosen)):  # one metric: the same y range in every column, so columns compare
+        row = [at(i, j) for j in range(len(values))]
         if all(ax.get_yscale() == "linear" for ax in row):
             lims = [ax.get_ylim() for ax in row]
             for ax in row:

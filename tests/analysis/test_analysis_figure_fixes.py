@@ -112,3 +112,41 @@ def test_the_band_is_the_tables_t_interval_over_seeds(tmp_path):
     at_end = band[band[:, 0] == sf.UPDATES, 1]
     assert at_end.max() == pytest.approx(min(1.0, np.mean(last) + half), abs=1e-9)
     assert at_end.min() == pytest.approx(np.mean(last) - half, abs=1e-9)
+
+
+def test_no_figure_is_wider_than_two_panel_columns_and_its_legend(tmp_path):
+    """The 4 x 3 off-policy grid wraps its staleness columns into blocks of two (it was 3208 px wide);
+    a three-panel family wraps into two rows."""
+    from analysis.layout import DPI
+    from analysis.plot import MAX_COLUMNS
+
+    figs = figures(sf.offpolicy(tmp_path / "offpolicy"))
+    for name, fig in figs.items():
+        assert fig.get_size_inches()[0] * DPI <= 1850, name  # two panels and the legend: about 1,800 px
+        assert overlaps(fig) == [], name
+    ev = figs["evaluation"]
+    visible = [ax for ax in ev.axes if ax.get_visible()]
+    assert len(visible) == 2 * 4 and len({round(ax.get_position().x0, 3) for ax in visible}) == MAX_COLUMNS
+    training = figures(sf.clipping(tmp_path / "clipping"))["training"]
+    shown = [ax for ax in training.axes if ax.get_visible()]
+    assert len(shown) == 3 and len({round(ax.get_position().x0, 3) for ax in shown}) == 2
+
+
+def test_a_point_where_every_seed_agrees_gets_no_band(tmp_path):
+    """Before RL every seed starts from the same checkpoint: the band is not pinched to zero width at
+    update 0 but starts at the first evaluation with a spread, and the title says why."""
+    import json
+
+    root = sf.sft_rl_split(tmp_path / "split")
+    for metrics in root.glob("*/metrics.jsonl"):  # every seed the same value at update 0
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        for r in rows:
+            if r.get("update") == 0 and "eval_greedy/success" in r:
+                r["eval_greedy/success"] = 0.5
+        metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ev = figures(root)["evaluation"]
+    ax = next(a for a in ev.axes if a.get_title() == "greedy success vs update")
+    band = ax.collections[0].get_paths()[0].vertices
+    assert band[:, 0].min() > 0  # no band at update 0
+    title = ev._suptitle.get_text().replace("\n", " ")
+    assert "no band where every seed has the same value, as at update 0" in title
