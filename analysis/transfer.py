@@ -8,6 +8,7 @@ The rows are written by hand in `<notes>/_transfer.yaml`:
       - contrast: no clipping vs PPO token clipping
         tiny: {sweep: clipping, cell: no-clip}
         real: {sweep: smollm2_transfer_frozenlake, cell: no-clip}
+        note: ...                         # optional: printed under the table, e.g. a side run on another machine
 
 A side is a cell of a sweep's lead table, as the findings table names it (its label); its Δ, interval
 and verdict are that table's (analysis.findings: Holm across the sweep's own contrasts, the sweep's
@@ -73,6 +74,7 @@ class Row:
     contrast: str
     tiny: Side | None
     real: Side | None
+    note: str = ""  # what a reader must know about the row (another machine, ...), printed under the table
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,15 @@ def spec(notes_dir: Path) -> Spec | None:
         raise AnalysisError(f"{path}: model = {model!r}: expected the real model's name (text).")
     rows = []
     for i, r in enumerate(raw["rows"]):
-        if not isinstance(r, dict) or set(r) != {"contrast", *SIDES} or not isinstance(r["contrast"], str):
+        keys = set(r) - {"note"} if isinstance(r, dict) else set()
+        if keys != {"contrast", *SIDES} or not isinstance(r["contrast"], str) or not isinstance(r.get("note", ""), str):
             found = sorted(r) if isinstance(r, dict) else repr(r)
-            raise AnalysisError(f"{path}: rows[{i}] = {found}: expected the keys contrast (text), tiny and real.")
-        rows.append(Row(" ".join(r["contrast"].split()), *(_side(path, i, k, r[k]) for k in SIDES)))
+            raise AnalysisError(
+                f"{path}: rows[{i}] = {found}: expected the keys contrast (text), tiny and real, and optionally "
+                "note (text)."
+            )
+        note = " ".join(r.get("note", "").split())
+        rows.append(Row(" ".join(r["contrast"].split()), *(_side(path, i, k, r[k]) for k in SIDES), note))
     return Spec(model, tuple(rows))
 
 
@@ -280,4 +287,5 @@ def lines(sp: Spec, rows: list[Computed], findings: list[FindingsRow]) -> list[s
         cells = (c.row.contrast, c.tiny.text, c.real.text, relation(c.tiny.verdict, c.real.verdict), c.size)
         cells += (relation(tiny, real), p)
         body.append("| " + " | ".join(x.replace("|", r"\|") for x in cells) + " |")
-    return head + body + [""]
+    notes = [f"- {c.row.contrast}: {c.row.note}" for c in rows if c.row.note]
+    return head + body + ([""] + notes if notes else []) + [""]

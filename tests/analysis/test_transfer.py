@@ -56,6 +56,7 @@ ROWS = """\
   - contrast: DAPO vs no filter
     tiny: {sweep: filters, cell: dapo}
     real: {sweep: filters_real, cell: dapo}
+    note: its real side ran on another machine
   - contrast: not measured on the real model yet
     tiny: {sweep: filters, cell: ragen_top_p}
     real: {sweep: unrun, cell: dapo}
@@ -88,6 +89,7 @@ def test_transfer_table_sets_each_sweeps_verdict_side_by_side(tmp_path):
     assert unrun[2].strip() == "[unrun](#unrun): not run yet" and unrun[3].strip() == "—"
     only = rows[2].strip("|").split("|")
     assert only[1].strip() == "no such contrast" and only[3].strip() == "—"
+    assert "\n- DAPO vs no filter: its real side ran on another machine\n" in section  # a row's note, under the table
 
 
 X = "  - contrast: x\n"
@@ -99,6 +101,7 @@ X = "  - contrast: x\n"
         (X + "    tiny: {sweep: nope, cell: dapo}\n    real: null\n", "rows[0].tiny.sweep = 'nope' is not a sweep"),
         (X + "    tiny: {sweep: filters}\n    real: null\n", "rows[0].tiny = {'sweep': 'filters'}: expected"),
         (X + "    tiny: null\n", "rows[0] = ['contrast', 'tiny']: expected the keys contrast"),
+        (X + "    tiny: null\n    real: null\n    note: [a]\n", "optionally note (text)"),
         (X + "    tiny: null\n    real: [filters, dapo]\n", "rows[0].real = ['filters', 'dapo']: expected"),
         ("  - nope\n", "rows[0] = 'nope': expected the keys contrast"),
     ],
