@@ -280,7 +280,10 @@ def _primary_block(results, curves, tasks, cells, primary: str | None, margin: f
     block = build_block(done, cells, scores, totals)
     spec = task_metric(primary)
     higher = HIGHER_IS_BETTER.get(spec[2]) if spec else None
-    plan = plan_of(results.attrs["sweep"].raw, margin)
+    raw = results.attrs["sweep"].raw
+    # the looks were decided on the sweep's own metric; another metric of the same points gets the
+    # fixed-n rule (its cells may then have other seeds than their baseline: unpaired, marked ‡)
+    plan = plan_of(raw, margin) if raw.get("metric") == primary else None
     looks = add_sequential_verdicts(block, done, scores, plan, higher) if plan is not None else None
     if looks is None:
         add_verdicts(block, margin, higher)

@@ -71,23 +71,27 @@ def _plan_record(sweep: Sweep, plan: Any) -> dict[str, Any]:
 
 
 def check_recorded(sweep: Sweep, plan: Any, folder: Path) -> None:
-    """A ConfigError when looks.json records looks taken under another plan than the file's now."""
+    """A ConfigError when looks.json records another plan than the file's now and a point of the
+    sweep has finished (its data may have been seen): the plan is fixed before the seeds run."""
     path = folder / LOOKS
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if not isinstance(old, dict) or not old.get("looks"):
+    if not isinstance(old, dict):
         return
     now, then = _plan_record(sweep, plan), old.get("plan") or {}
     changed = [k for k in PLAN_KEYS if then.get(k) != now.get(k)]
-    if changed:
+    if not changed:
+        return
+    ran = sum(point_state(point_dir(folder.parent, sweep.name, p)) in FINISHED for p in sweep.points)
+    if ran or old.get("looks"):
         diff = ", ".join(f"{k} {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ConfigError(
-            f"{sweep.path}: the seed budget of sweep {sweep.name} changed after {len(old['looks'])} look(s) were "
-            f"taken ({path}: {diff}). Its looks, spending, equivalence margin, metric and baseline are fixed before "
-            f"its seeds run (the error rates hold only then): restore them, or run it under another name (a new "
-            f"results folder)."
+            f"{sweep.path}: the seed budget of sweep {sweep.name} changed after {len(old.get('looks') or [])} "
+            f"look(s) were taken and {ran} of its points finished ({path}: {diff}). Its looks, spending, "
+            f"equivalence margin, metric and baseline are fixed before its seeds run (the error rates hold only "
+            f"then): restore them, or run it under another name (a new results folder)."
         )
 
 

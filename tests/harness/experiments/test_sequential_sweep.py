@@ -98,6 +98,10 @@ def test_a_budget_runs_only_the_open_arms_and_records_every_look(tmp_path):
     assert "Sequential seeds: looks at 3, 4, 5, 6 seeds with pocock alpha spending" in text
     assert f"0.0004 at look 4 (6 seeds), a verdict would need about {int(needed.iloc[0])} seeds" in text
 
+    # another metric of the same points: the fixed-n rule (the looks were decided on the sweep's metric)
+    other = table_for(tmp_path / "results" / "s", ["final/env/success"])
+    assert "Sequential seeds" not in "\n".join(other.notes) and "sequential:look" not in other.data
+
     # run again: every look is decided, nothing runs, looks.json is the same
     again = run_sweep(load_sweep(path), options(tmp_path))
     assert again.ok and again.counts["done"] == 0 and looks_file(tmp_path) == looks
@@ -130,11 +134,26 @@ def test_a_plan_changed_after_a_look_is_an_error(tmp_path):
     path = sweep_file(tmp_path)
     run_sweep(load_sweep(path), options(tmp_path))
     sweep_file(tmp_path, extra="equivalence_margin: 0.1\n")
-    with pytest.raises(ConfigError, match=r"changed after 4 look\(s\) were taken .*margin 0.05 -> 0.1"):
+    with pytest.raises(
+        ConfigError, match=r"changed after 4 look\(s\) were taken and 20 of its points finished .*margin 0.05 -> 0.1"
+    ):
         run_sweep(load_sweep(path), options(tmp_path))
     sweep_file(tmp_path, seeds="seeds: {start: 3, step: 1, max: 8, spending: pocock}\n")
     with pytest.raises(ConfigError, match="max 6 -> 8"):
         run_sweep(load_sweep(path), options(tmp_path))
+
+
+def test_a_plan_may_change_until_a_point_has_finished(tmp_path):
+    path = sweep_file(tmp_path)
+    os.environ["FAKE_INTERRUPT_SEED"] = "0"  # Ctrl-C in the very first point
+    try:
+        assert run_sweep(load_sweep(path), options(tmp_path)).interrupted
+    finally:
+        del os.environ["FAKE_INTERRUPT_SEED"]
+    assert looks_file(tmp_path)["plan"]["margin"] == 0.05 and looks_file(tmp_path)["looks"] == []
+    sweep_file(tmp_path, extra="equivalence_margin: 0.1\n")
+    lines, _ = plan_lines(load_sweep(path), tmp_path / "results")
+    assert "equivalence margin ±0.1" in lines[0]
 
 
 def test_a_list_of_seeds_is_unchanged_and_seeds_overrides_a_budget(tmp_path):
@@ -187,3 +206,34 @@ def test_the_ray_backend_takes_the_same_looks_as_the_local_pool(tmp_path):
     assert "look 2 of 2: 6 seeds for" in out.stdout
     assert looks_file(tmp_path) == looks_file(reference)
     assert seeds_run(tmp_path) == seeds_run(reference)
+
+
+@pytest.mark.slow  # six points of the real trainer on the tiny model (about 30 s on 2 shared cores)
+def test_the_real_cli_and_trainer_with_the_smallest_budget(tmp_path):
+    """`harness sweep` with seeds {start: 2, max: 3}: two looks of the real trainer's per-task results,
+    then `harness table` and `--dry-run` read them."""
+    import yaml
+
+    from tests.helpers.configs import TINY
+
+    base = json.loads(json.dumps(TINY))
+    base["train"].update(updates=1, eval_every=1)
+    spec = {"name": "s", "base": base, "grid": {"algo.lr": [1.0e-3, 3.0e-3]}, "seeds": {"start": 2, "max": 3}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def harness(*args):
+        return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+
+    out = harness("sweep", str(path), "--results", str(results), "--no-mlflow")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "look 1 of 2: 2 seeds for lr=0.003 and the baseline lr=0.001" in out.stdout
+    looks = json.loads((results / "s" / LOOKS).read_text())
+    assert [look["seeds"] for look in looks["looks"]][0] == 2 and looks["next_look"] is None
+    table = harness("table", str(results / "s"))
+    assert table.returncode == 0 and "Sequential seeds: looks at 2, 3 seeds" in table.stdout, table.stderr
+    dry = harness("sweep", str(path), "--results", str(results), "--dry-run")
+    assert dry.returncode == 0 and "every look is decided: nothing to run" in dry.stdout, dry.stderr
