@@ -247,6 +247,7 @@ def jail_argv(python: str, code_fd: int, seccomp_fd: int) -> list[str]:
 LAUNCHER = r"""
 import ctypes, os, sys
 procs, uid, size, files = sys.argv[1:5]
+NEWNS, NEWUSER, REC_PRIVATE, NOSUID_NODEV = 0x00020000, 0x10000000, 0x4000 | 0x40000, 0x2 | 0x4
 libc = ctypes.CDLL(None, use_errno=True)
 def call(what, name, *args):
     if getattr(libc, name)(*args) != 0:
@@ -256,15 +257,15 @@ if procs:
         f.write(str(os.getpid()))
 owner, group = (int(uid), int(uid)) if uid else (os.geteuid(), os.getegid())
 if os.geteuid() == 0:
-    call("make a mount namespace", "unshare", 0x00020000)
+    call("make a mount namespace", "unshare", NEWNS)
 else:
-    call("make a user and mount namespace", "unshare", 0x00020000 | 0x10000000)
+    call("make a user and mount namespace", "unshare", NEWNS | NEWUSER)
     for name, text in (("setgroups", "deny"), ("uid_map", f"{owner} {owner} 1"), ("gid_map", f"{group} {group} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-call("make its mounts private", "mount", None, b"/", None, 0x4000 | 0x40000, None)
+call("make its mounts private", "mount", None, b"/", None, REC_PRIVATE, None)
 options = f"size={size},nr_inodes={files},mode=1777,uid={owner},gid={group}"
-call(f"mount /tmp ({options})", "mount", b"tmpfs", b"/tmp", b"tmpfs", 0x2 | 0x4, options.encode())
+call(f"mount /tmp ({options})", "mount", b"tmpfs", b"/tmp", b"tmpfs", NOSUID_NODEV, options.encode())
 if uid:
     os.setgroups([])
     os.setresgid(group, group, group)
