@@ -56,9 +56,12 @@ def decide_looks(sweep: Sweep, results: Path):
 
 def look_points(sweep: Sweep, plan: Any, outcome: Any) -> list[Point]:
     """Every point up to the next look: a decided variant's seeds as decided, the open ones' and
-    the baseline's seeds 0 .. n_k - 1 of the next look (all of the last look's when none is left)."""
-    k = outcome.next_look if outcome.next_look is not None else len(plan.looks) - 1
-    n = plan.looks[k]
+    the baseline's seeds 0 .. n_k - 1 of the next look (of the last look taken when none is left:
+    a sweep decided early never runs its baseline further)."""
+    if outcome.next_look is not None:
+        n = plan.looks[outcome.next_look]
+    else:
+        n = outcome.looks[-1]["seeds"] if outcome.looks else plan.looks[0]
     seeds = {v: n for v in _by_variant(sweep)}
     for arm, d in outcome.decisions.items():
         if d.verdict != "open":

@@ -493,6 +493,12 @@ def load_sweep(
     if base_overrides:
         base = _with_base_overrides(base, src, base_overrides)
     variants = _variants(spec, src)
+    if budget is not None and len(variants) < 2:
+        raise ConfigError(
+            f"{src}: seeds = {show_value(budget.as_dict())} is a seed budget, which adds seeds until each variant's "
+            f"contrast to the baseline is decided; this sweep has one variant, so there is nothing to decide. List "
+            f"its seeds (seeds: [0, 1, 2]) or add variants (grid, zip or points)."
+        )
     axes = declared_axes(spec, variants)
     points: list[Point] = []
     by_variant: dict[str, dict[str, Any]] = {}

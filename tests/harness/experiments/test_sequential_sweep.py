@@ -36,10 +36,12 @@ BUDGET = "seeds: {start: 3, step: 1, max: 6, spending: pocock}\n"
 EXPECTED = {"lr=0.0002": ("better", 3), "lr=0.0003": ("equivalent", 5), "lr=0.0004": ("undetermined", 6)}
 
 
-def sweep_file(tmp_path: Path, seeds: str = BUDGET, extra: str = "equivalence_margin: 0.05\n") -> Path:
+def sweep_file(
+    tmp_path: Path, seeds: str = BUDGET, extra: str = "equivalence_margin: 0.05\n", grid: str = GRID
+) -> Path:
     (tmp_path / "base.yaml").write_text(BASE)
     path = tmp_path / "s.yaml"
-    path.write_text(f"name: s\nbase: base.yaml\n{GRID}{seeds}{extra}")
+    path.write_text(f"name: s\nbase: base.yaml\n{grid}{seeds}{extra}")
     return path
 
 
@@ -156,6 +158,16 @@ def test_a_plan_may_change_until_a_point_has_finished(tmp_path):
     assert "equivalence margin ±0.1" in lines[0]
 
 
+def test_a_sweep_decided_at_the_first_look_stops_there_baseline_included(tmp_path):
+    path = sweep_file(tmp_path, grid="grid: {algo.lr: [1.0e-4, 2.0e-4]}\n")
+    for _ in range(2):  # the second run finds every look decided and runs nothing
+        result = run_sweep(load_sweep(path), options(tmp_path))
+        assert result.ok and seeds_run(tmp_path) == {"lr=0.0001": [0, 1, 2], "lr=0.0002": [0, 1, 2]}
+    assert looks_file(tmp_path)["decisions"]["lr=0.0002"]["verdict"] == "better"
+    lines, points = plan_lines(load_sweep(path), tmp_path / "results")
+    assert len(points) == 6 and "  every look is decided: nothing to run" in lines
+
+
 def test_a_list_of_seeds_is_unchanged_and_seeds_overrides_a_budget(tmp_path):
     listed = load_sweep(sweep_file(tmp_path, seeds="seeds: [0, 1]\n"))
     assert listed.budget is None and "sequential" not in listed.manifest()
@@ -237,3 +249,9 @@ def test_the_real_cli_and_trainer_with_the_smallest_budget(tmp_path):
     assert table.returncode == 0 and "Sequential seeds: looks at 2, 3 seeds" in table.stdout, table.stderr
     dry = harness("sweep", str(path), "--results", str(results), "--dry-run")
     assert dry.returncode == 0 and "every look is decided: nothing to run" in dry.stdout, dry.stderr
+
+
+def test_a_budget_needs_a_contrast(tmp_path):
+    path = sweep_file(tmp_path, grid="grid: {algo.lr: [1.0e-4]}\n")
+    with pytest.raises(ConfigError, match="is a seed budget, .* this sweep has one variant, so there is nothing"):
+        load_sweep(path)
