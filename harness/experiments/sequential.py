@@ -173,7 +173,7 @@ def run_looks(sweep: Sweep, opts: RunOptions, run_points: Callable[[Sweep], Any]
             break
         if not ran and decide_looks(sweep, opts.results)[1].next_look == k:
             total.counts["blocked"] = total.counts.get("blocked", 0) + 1
-            total.errors[f"look {k + 1}"] = f"look {k + 1} cannot be decided: {_blocked(sweep, opts.results, points)}"
+            total.errors[LOOKS] = f"look {k + 1} cannot be decided: {_blocked(sweep, opts.results, points)}"
             break
     if total is None:  # decided before this run: nothing ran
         total = run_points(dataclasses.replace(sweep, points=look_points(sweep, plan, outcome)))

@@ -251,6 +251,16 @@ def test_the_real_cli_and_trainer_with_the_smallest_budget(tmp_path):
     assert dry.returncode == 0 and "every look is decided: nothing to run" in dry.stdout, dry.stderr
 
 
+def test_a_look_whose_points_failed_blocks_the_sweep_with_a_message(tmp_path):
+    path = sweep_file(tmp_path, grid="grid: {algo.lr: [1.0e-4, 5.0e-4]}\n")  # the fake trainer knows no 5e-4
+    first = run_sweep(load_sweep(path), options(tmp_path))
+    assert not first.ok and first.counts["failed"] == 3
+    again = run_sweep(load_sweep(path), options(tmp_path))  # failed points are not run again: blocked
+    assert not again.ok and again.counts["blocked"] == 1
+    assert "look 1 cannot be decided: its points did not all finish: lr=0.0005__seed=0" in again.errors[LOOKS]
+    assert "`harness sweep FILE --retry-failed` runs failed ones again" in again.errors[LOOKS]
+
+
 def test_a_budget_needs_a_contrast(tmp_path):
     path = sweep_file(tmp_path, grid="grid: {algo.lr: [1.0e-4]}\n")
     with pytest.raises(ConfigError, match="is a seed budget, .* this sweep has one variant, so there is nothing"):
