@@ -128,9 +128,18 @@ class LearnerConfig(Strict):
         le=MAX_COUNT,
     )
 
+    shared_prefix: bool = F(
+        False,
+        "Run the prefix that the rows of one group share (system prompt, instructions, first observation) "
+        "once per forward pass, in the behaviour, reference and training passes: each micro-batch packs a "
+        "group's rows into one sequence with a block attention mask (Prefix Grouper; docs/trainer.md#shared-prefix). "
+        "Micro-batches then hold whole groups. Log-probs, losses and gradients equal the plain path's up to "
+        "float rounding.",
+    )
+
     @property
     def is_default(self) -> bool:
-        return self.behaviour == "recompute" and self.reference_every == 1
+        return self.behaviour == "recompute" and self.reference_every == 1 and not self.shared_prefix
 
 
 class TrainConfig(Strict):

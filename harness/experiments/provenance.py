@@ -42,7 +42,7 @@ def canonical_json(obj: Any) -> str:
 # byte: at their default they are left out of the hash, so the point ids of every earlier run (and the
 # committed records) stay what they were; any other value is hashed as usual.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, ...], dict] = {
-    ("train", "learner"): {"behaviour": "recompute", "reference_every": 1},  # harness.rl.plan
+    ("train", "learner"): {"behaviour": "recompute", "reference_every": 1, "shared_prefix": False},  # rl.plan
 }
 
 

@@ -58,13 +58,89 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head."""
+def hidden_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prefix_keys: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head.
+    prefix_keys (B,): rows with the same key run their common prefix once (`shared_prefix_hidden_states`)."""
+    if prefix_keys is not None:
+        return shared_prefix_hidden_states(model, input_ids, attention_mask, prefix_keys)
     decoder, _ = backbone_and_head(model)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=False
     )
     return out.last_hidden_state
+
+
+def _common_prefix(ids: torch.Tensor, lengths: torch.Tensor) -> int:
+    """Length of the longest prefix that the right-padded rows `ids` (n, T) share, within every row's length."""
+    n_min = int(lengths.min())
+    same = (ids[:, :n_min] == ids[:1, :n_min]).all(0)  # (n_min,)
+    return n_min if bool(same.all()) else int((~same).nonzero()[0])
+
+
+def _pack(ids: torch.Tensor, lengths: torch.Tensor, rows: list[int]):
+    """One packed row for `rows`: their common prefix once, then each row's rest. Returns the packed ids
+    (Lp,), positions (Lp,), member of each packed token (-1: the prefix) and, per row, the packed index of
+    each of its positions (L_r,)."""
+    P = _common_prefix(ids[rows], lengths[rows])
+    toks, pos, member, where = [ids[rows[0], :P]], [torch.arange(P)], [torch.full((P,), -1)], []
+    at = P
+    for i, r in enumerate(rows):
+        n = int(lengths[r])
+        toks.append(ids[r, P:n])
+        pos.append(torch.arange(P, n))
+        member.append(torch.full((n - P,), i))
+        where.append(torch.cat([torch.arange(P), torch.arange(at, at + n - P)]))
+        at += n - P
+    return torch.cat(toks), torch.cat(pos), torch.cat(member), where
+
+
+def shared_prefix_hidden_states(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_keys: torch.Tensor
+) -> torch.Tensor:
+    """`hidden_states` with the common prefix of rows that share a key computed once (docs/trainer.md#shared-prefix).
+
+    The rows of one key (the members of a GRPO group: system prompt, instructions, first observation) are
+    packed into one sequence, [prefix, rest of row 1, rest of row 2, ...], with a block attention mask (a
+    row's tokens see the prefix and their own earlier tokens, nothing of the other rows) and each row's own
+    position ids, as Prefix Grouper (Liu et al. 2025) does; every row's hidden states are then gathered back
+    into (B, T, H), so log-probs, values and their gradients read them as from the plain pass (the prefix's
+    gradient sums over the rows that share it). Equal to the plain pass up to float rounding. Rows are
+    right-padded (the batch layout); positions past a row's length get the hidden state of its first token
+    and are masked by every caller."""
+    decoder, _ = backbone_and_head(model)
+    dev = input_ids.device
+    ids, lengths = input_ids.cpu(), attention_mask.sum(1).cpu()
+    if not bool((attention_mask.cpu().bool() == (torch.arange(ids.shape[1])[None] < lengths[:, None])).all()):
+        raise ValueError("shared_prefix_hidden_states needs right-padded rows")
+    keys = prefix_keys.cpu().tolist()
+    clusters: dict[int, list[int]] = {}
+    for r, k in enumerate(keys):
+        clusters.setdefault(k, []).append(r)
+    packs = [_pack(ids, lengths, rows) for rows in clusters.values()]
+    Lp = max(len(p[0]) for p in packs)
+    Bp, T = len(packs), ids.shape[1]
+    pid = torch.zeros(Bp, Lp, dtype=ids.dtype)
+    ppos = torch.zeros(Bp, Lp, dtype=torch.long)
+    member = torch.full((Bp, Lp), -2)  # -2: padding, which sees only itself
+    src_row, src_pos = torch.zeros(ids.shape[0], T, dtype=torch.long), torch.zeros(ids.shape[0], T, dtype=torch.long)
+    for b, ((tok, pos, mem, where), rows) in enumerate(zip(packs, clusters.values())):
+        n = len(tok)
+        pid[b, :n], ppos[b, :n], member[b, :n] = tok, pos, mem
+        for r, w in zip(rows, where):
+            src_row[r] = b
+            src_pos[r, : len(w)] = w
+    q, k = torch.arange(Lp)[:, None], torch.arange(Lp)[None, :]
+    mq, mk = member[:, :, None], member[:, None, :]  # (Bp, Lp, 1), (Bp, 1, Lp)
+    see = ((k <= q) & ((mk == -1) | (mk == mq)) & (mk != -2)) | ((q == k) & (mq == -2))  # (Bp, Lp, Lp)
+    dtype = next(decoder.parameters()).dtype
+    mask = torch.zeros(Bp, 1, Lp, Lp, dtype=dtype).masked_fill_(~see[:, None], torch.finfo(dtype).min)
+    out = decoder(input_ids=pid.to(dev), attention_mask=mask.to(dev), position_ids=ppos.to(dev), use_cache=False)
+    return out.last_hidden_state[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
 
 
 class _LinearLogprob(torch.autograd.Function):
@@ -198,6 +274,7 @@ def token_logprobs(
     with_entropy: bool = False,
     token_mask: torch.Tensor | None = None,
     allowed: torch.Tensor | None = None,
+    prefix_keys: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
 
@@ -207,8 +284,9 @@ def token_logprobs(
     `token_mask` (B, T), optional: compute only where it is 1 (e.g. action tokens); others are 0.
     `allowed` (B, T, K), optional: token ids position t could be drawn from (constrained decoding;
     -1 padding, all -1 = unconstrained); log-softmax and entropy are then over that set.
+    `prefix_keys` (B,), optional: rows with the same key run their common prefix once (`hidden_states`).
     """
-    hidden = hidden_states(model, input_ids, attention_mask)  # (B, T, H)
+    hidden = hidden_states(model, input_ids, attention_mask, prefix_keys)  # (B, T, H)
     return logprobs_from_hidden(
         model,
         hidden,
@@ -227,6 +305,7 @@ __all__ = [
     "token_logprobs",
     "logprobs_from_hidden",
     "hidden_states",
+    "shared_prefix_hidden_states",
     "backbone_and_head",
     "position_ids",
     "DEFAULT_CHUNK",

@@ -65,6 +65,47 @@ def row_groups(lengths: list[int], size: int, tokens: int) -> list[list[int]]:
     return [sorted(p) for p in pack_by_tokens([[k] for k in range(len(lengths))], lengths, tokens)]
 
 
+def prefix_keys(batch: TrainBatch) -> torch.Tensor:
+    """(B,) the group of each row's trajectory: the rows that share a prompt (train.learner.shared_prefix)."""
+    return batch.group[batch.traj_id.max(1).values]
+
+
+def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | None = None):
+    """The rows' units for a shared-prefix pass: `units` (lists of positions into `rows`; default each row
+    its own) merged by group, and each merged unit's packed length (its rows' common prefix once plus
+    every row's rest): what one packed sequence costs (harness.model.logprobs.shared_prefix_hidden_states)."""
+    keys = prefix_keys(batch)[rows].tolist()
+    merged: dict[int, list[int]] = {}
+    for unit in units if units is not None else [[k] for k in range(len(rows))]:
+        merged.setdefault(keys[unit[0]], []).extend(unit)
+    out, lengths = list(merged.values()), []
+    for unit in out:
+        idx = torch.tensor([rows[k] for k in unit])
+        ids, n = batch.input_ids[idx], batch.attention_mask[idx].sum(1)
+        m = int(n.min())
+        same = (ids[:, :m] == ids[:1, :m]).all(0)
+        P = m if bool(same.all()) else int((~same).nonzero()[0])
+        lengths.append(P + int((n - P).sum()))
+    return out, lengths
+
+
+def pack_units(units: list[list[int]], lengths: list[int], size: int, tokens: int) -> list[list[int]]:
+    """Micro-batches of packed units (each becomes one sequence): longest first, while units x longest
+    <= `tokens` (algo.micro_batch_tokens), or, without a token budget, while the rows stay <= `size`;
+    a unit over the budget gets a pass of its own."""
+    order = sorted(range(len(units)), key=lambda u: -lengths[u])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    n_units, cur_len = 0, 0
+    for u in order:
+        over = (n_units + 1) * max(cur_len, lengths[u]) > tokens if tokens > 0 else len(cur) + len(units[u]) > size
+        if cur and over:
+            out.append(cur)
+            cur, n_units, cur_len = [], 0, 0
+        cur, n_units, cur_len = cur + units[u], n_units + 1, max(cur_len, lengths[u])
+    return out + ([cur] if cur else [])
+
+
 def state_id(key: str) -> int:
     """Stable integer id of an environment state key (GiGPO anchor), same in every process."""
     return zlib.crc32(key.encode("utf-8"))

@@ -21,7 +21,7 @@ from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
-from harness.rl.batch import TrainBatch, row_groups
+from harness.rl.batch import TrainBatch, pack_units, prefix_keys, prefix_units, row_groups
 from harness.rl.losses import on_device, policy_forward
 from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
@@ -40,14 +40,18 @@ class Forward:
     entropy_constrained: torch.Tensor | None = None
 
 
-def forward_slices(batch: TrainBatch, size: int, tokens: int) -> list[torch.Tensor]:
+def forward_slices(batch: TrainBatch, size: int, tokens: int, shared_prefix: bool = False) -> list[torch.Tensor]:
     """Row groups of a no-gradient pass: `size` rows in order, or packed by length under a token budget
-    (algo.micro_batch_tokens; rows are independent here, so each row is its own unit)."""
+    (algo.micro_batch_tokens; rows are independent here, so each row is its own unit). With a shared
+    prefix, whole groups packed by their packed length (`prefix_units`)."""
+    if shared_prefix:
+        units, lengths = prefix_units(batch, list(range(batch.num_rows)))
+        return [torch.tensor(sorted(g)) for g in pack_units(units, lengths, size, tokens)]
     lengths = [int(x) for x in batch.attention_mask.sum(1).tolist()]
     return [torch.tensor(g) for g in row_groups(lengths, size, tokens)]
 
 
-def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
+def _reference_logp(policy, mb: TrainBatch, temperature: float, shared_prefix: bool = False) -> torch.Tensor:
     with policy.reference() as ref_model:
         dev = next(ref_model.parameters()).device
         rlp, _ = token_logprobs(
@@ -56,18 +60,19 @@ def _reference_logp(policy, mb: TrainBatch, temperature: float) -> torch.Tensor:
             on_device(mb.attention_mask, dev),
             temperature=temperature,
             allowed=on_device(mb.allowed, dev),
+            prefix_keys=prefix_keys(mb) if shared_prefix else None,
         )
     return rlp.to(mb.input_ids.device)
 
 
-def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values: bool):
+def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values: bool, shared_prefix: bool):
     """Under constrained decoding: log-probs and entropy of the constrained policy, the
     full-vocabulary entropy and the values (or None), from ONE backbone pass. The two heads read
     the same hidden states, so this computes exactly what two separate passes computed, without
     running the backbone twice."""
     home, dev = mb.input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
-    hidden = hidden_states(policy.model, ids, attn)  # (B, T, H)
+    hidden = hidden_states(policy.model, ids, attn, prefix_keys(mb) if shared_prefix else None)  # (B, T, H)
     lp, ent_c = logprobs_from_hidden(
         policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed
     )
@@ -89,7 +94,8 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
     parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "val": [], "ent": [], "ent_c": []}
     T = batch.input_ids.shape[1]
     temperature = cfg.rollout.temperature
-    slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens)
+    share = plan.shared_prefix
+    slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, share)
     for idx in slices:
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
@@ -102,10 +108,11 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
                 temperature=temperature,
                 with_entropy=True,
                 with_values=cfg.algo.critic.enabled,
+                prefix=prefix_keys(mb) if share else None,
             )
         else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
-            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled)
-        ref = _reference_logp(policy, mb, temperature) if plan.reference else None
+            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled, share)
+        ref = _reference_logp(policy, mb, temperature, share) if plan.reference else None
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
@@ -127,8 +134,9 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
         was_training = policy.model.training
         policy.model.eval()
         T = batch.input_ids.shape[1]
-        slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens)
-        refs = [_reference_logp(policy, batch.rows(idx), cfg.rollout.temperature) for idx in slices]
+        share = plan.shared_prefix
+        slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, share)
+        refs = [_reference_logp(policy, batch.rows(idx), cfg.rollout.temperature, share) for idx in slices]
         parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]
         policy.model.train(was_training)
         ref = torch.cat(parts, 0)[torch.cat(slices).argsort()]

@@ -19,7 +19,7 @@ from algorithms.types import AggParams
 from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
-from harness.rl.batch import TrainBatch
+from harness.rl.batch import TrainBatch, prefix_keys
 
 
 @dataclass
@@ -46,21 +46,29 @@ def policy_forward(
     with_entropy: bool,
     with_values: bool,
     allowed: torch.Tensor | None = None,
+    prefix: torch.Tensor | None = None,
 ):
     """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
     pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
     admissible ids per token; log-probs and entropy are then those of the constrained policy.
 
     The batch lives on the CPU; only this pass runs on the model's device (GPU), and its (B, T)
-    outputs come back to the batch's device, gradients flowing through the copies."""
+    outputs come back to the batch's device, gradients flowing through the copies. `prefix` (B,): rows
+    with the same key run their common prefix once (train.learner.shared_prefix)."""
     home, dev = input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(input_ids, dev), on_device(attention_mask, dev), on_device(allowed, dev)
     if not with_values:
         lp, ent = token_logprobs(
-            policy.model, ids, attn, temperature=temperature, with_entropy=with_entropy, allowed=allowed
+            policy.model,
+            ids,
+            attn,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            allowed=allowed,
+            prefix_keys=prefix,
         )
         return on_device(lp, home), on_device(ent, home), None
-    hidden = hidden_states(policy.model, ids, attn)  # (B, T, H)
+    hidden = hidden_states(policy.model, ids, attn, prefix)  # (B, T, H)
     lp, ent = logprobs_from_hidden(
         policy.model, hidden, ids, attn, temperature=temperature, with_entropy=with_entropy, allowed=allowed
     )
@@ -97,6 +105,7 @@ def loss_terms(
     denominators: Denominators,
     policy_mask: torch.Tensor | None = None,
     is_weight: torch.Tensor | None = None,
+    shared_prefix: bool = False,
 ) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
@@ -115,6 +124,7 @@ def loss_terms(
         with_entropy=a.entropy_coef > 0,
         with_values=a.critic.enabled,
         allowed=mb.allowed,
+        prefix=prefix_keys(mb) if shared_prefix else None,
     )
     pmask = mb.loss_mask if policy_mask is None else policy_mask
     clip = a.clip.params

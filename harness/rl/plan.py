@@ -11,6 +11,9 @@ values. The plan says which of them run and where the behaviour log-probs come f
                pass anyway, so with a critic the update recomputes.
     reference  every update where a KL term is trained or in the reward; else every
                train.learner.reference_every updates (1, k + 1, 2k + 1, ...), for diag/kl_* alone.
+    shared prefix  with train.learner.shared_prefix, every pass (behaviour, reference, training) runs a
+               group's common prefix once (harness.model.logprobs.shared_prefix_hidden_states), its
+               micro-batches made of whole groups (harness.rl.batch.prefix_units).
 
 A run whose train.learner is not the default logs the plan beside its metrics (`plan/*`), so every
 row says which path produced it; default runs log nothing new and keep their metrics byte for byte.
@@ -30,6 +33,7 @@ from harness.rl.batch import TrainBatch
 class UpdatePlan:
     behaviour: str  # "recompute" or "sampler"
     reference: bool  # whether the reference log-probs are computed in this update
+    shared_prefix: bool = False  # each group's common prefix runs once per pass (train.learner.shared_prefix)
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
 
     def metrics(self) -> dict[str, torch.Tensor]:
@@ -38,6 +42,7 @@ class UpdatePlan:
         return {
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
             "plan/reference": torch.tensor(float(self.reference)),
+            "plan/shared_prefix": torch.tensor(float(self.shared_prefix)),
         }
 
 
@@ -51,5 +56,6 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
     return UpdatePlan(
         behaviour="sampler" if sampler else "recompute",
         reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
+        shared_prefix=ln.shared_prefix,
         logged=not ln.is_default,
     )

@@ -23,7 +23,7 @@ from algorithms.types import AggParams
 from algorithms.utils import masked_mean
 from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
-from harness.rl.batch import TrainBatch, pack_by_tokens
+from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_keys, prefix_units
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
 from harness.rl.losses import Denominators, loss_terms, policy_forward
@@ -61,11 +61,20 @@ def _minibatches(batch: TrainBatch, n: int, generator: torch.Generator) -> list[
     ]
 
 
-def _micro_batches(batch: TrainBatch, rows: torch.Tensor, size: int, tokens: int = 0) -> list[torch.Tensor]:
+def _micro_batches(
+    batch: TrainBatch, rows: torch.Tensor, size: int, tokens: int = 0, shared_prefix: bool = False
+) -> list[torch.Tensor]:
     """Split `rows` into micro-batches of at most `size` rows, never splitting a trajectory
     (a trajectory longer than `size` rows gets a micro-batch of its own). With a token budget
-    (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead."""
+    (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead. With a
+    shared prefix (train.learner.shared_prefix), whole groups, each costing its packed length."""
     traj = _row_traj(batch)[rows]
+    if shared_prefix:
+        trajs: dict[int, list[int]] = {}
+        for k, t in enumerate(traj.tolist()):
+            trajs.setdefault(t, []).append(k)
+        units, lengths = prefix_units(batch, rows.tolist(), list(trajs.values()))
+        return [rows[torch.tensor(sorted(p))] for p in pack_units(units, lengths, size, tokens)]
     if tokens > 0:
         units: dict[int, list[int]] = {}
         for k, t in enumerate(traj.tolist()):
@@ -123,7 +132,9 @@ def _counts(masks: list[torch.Tensor], params: AggParams) -> AggParams:
 
 
 @torch.no_grad()
-def _policy_masks(policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: RunConfig) -> list[torch.Tensor]:
+def _policy_masks(
+    policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: RunConfig, shared_prefix: bool = False
+) -> list[torch.Tensor]:
     """Each micro-batch's policy-loss mask: the loss mask, minus the actions the SAMPO sequence mask
     drops (`algo.clip.seq_mask`). The drop depends on the current policy, so it is decided in a
     gradient-free pass over the whole minibatch before any micro-batch's loss: the policy loss can
@@ -143,6 +154,7 @@ def _policy_masks(policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: Run
             with_entropy=False,
             with_values=False,
             allowed=mb.allowed,
+            prefix=prefix_keys(mb) if shared_prefix else None,
         )
         out.append(
             negative_advantage_seq_mask(
@@ -152,10 +164,12 @@ def _policy_masks(policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: Run
     return out
 
 
-def _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, sums) -> list[torch.Tensor]:
+def _kept_masks(
+    policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, sums, shared_prefix: bool = False
+) -> list[torch.Tensor]:
     """Each micro-batch's policy-loss mask: the SAMPO mask (`_policy_masks`, its kept share logged), times
     the tokens `algo.correction` keeps under `rejected: drop` (out of the policy loss and its denominator)."""
-    masks = _policy_masks(policy, batch, micros, adv, fwd, cfg)
+    masks = _policy_masks(policy, batch, micros, adv, fwd, cfg, shared_prefix)
     if cfg.algo.clip.seq_mask:
         total = max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
         kept = _counts(masks, cfg.algo.agg_params).num_tokens / total
@@ -166,14 +180,14 @@ def _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, 
 
 
 def _minibatch_step(
-    policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr: Correction | None = None
+    policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr: Correction | None = None, shared_prefix: bool = False
 ) -> torch.Tensor:
     """Gradient of one minibatch accumulated over its micro-batches; returns the gradient norm.
     `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given."""
     a = cfg.algo
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
-    micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens)
-    policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums)
+    micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, shared_prefix)
+    policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, shared_prefix)
     agg = a.agg_params
     denominators = Denominators(
         loss=global_counts(batch.loss_mask[mb_idx], agg),
@@ -199,6 +213,7 @@ def _minibatch_step(
             denominators,
             pmask if own_mask else None,
             _pick(corr.weight, micro, T),
+            shared_prefix,
         )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")
@@ -243,7 +258,7 @@ def run_update(
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
             optimizer.zero_grad(set_to_none=True)
-            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr)
+            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr, plan.shared_prefix)
             if not torch.isfinite(gn):
                 raise Diverged(f"non-finite gradient norm {gn.item()}")
             sums.setdefault("diag/grad_norm", []).append(gn.detach().float())

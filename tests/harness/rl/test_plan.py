@@ -10,10 +10,12 @@ import torch
 from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.experiments.provenance import config_hash
+from harness.model.logprobs import token_logprobs
+from harness.rl.batch import pack_units, prefix_keys, prefix_units
 from harness.rl.behaviour import behaviour_forward
 from harness.rl.plan import DEFAULT_PLAN, make_plan
-from harness.rl.update import make_optimizer, run_update
-from tests.helpers.update import GRPO, raw_config
+from harness.rl.update import _micro_batches, make_optimizer, run_update
+from tests.helpers.update import GRPO, perturb, raw_config
 
 # float32 rounding between the sampler's KV-cached pass and the whole-sequence pass, measured on these
 # rollouts at about 4e-6 (log-probs) and 1e-6 (entropies); a different policy is off by ~1e-1
@@ -122,3 +124,71 @@ def test_the_default_plan_leaves_the_config_hash_alone():
     assert config_hash(cfg) == config_hash(dump)
     assert config_hash(learner_cfg(behaviour="sampler")) != config_hash(cfg)
     assert "learner" in cfg.model_dump(mode="json")["train"]  # the caller's dump is left whole
+
+
+# ----------------------------------------------------------------------------- the shared prefix
+def test_prefix_units_merge_a_group_and_count_its_prefix_once(env):
+    cfg = learner_cfg()
+    batch = env.batch(env.trainer(cfg), cfg)
+    rows = list(range(batch.num_rows))
+    units, lengths = prefix_units(batch, rows)
+    keys = prefix_keys(batch)
+    assert sorted(k for u in units for k in u) == rows and len(units) == len(set(keys.tolist()))
+    for unit, packed in zip(units, lengths):
+        assert len({int(keys[k]) for k in unit}) == 1  # one group per unit
+        ids = [batch.input_ids[k, : int(batch.attention_mask[k].sum())].tolist() for k in unit]
+        P = 0
+        while all(len(x) > P for x in ids) and len({x[P] for x in ids}) == 1:
+            P += 1
+        assert packed == P + sum(len(x) - P for x in ids)
+        assert P > 0 or len(unit) == 1  # a group's rows share at least their prompt
+    assert pack_units([[0, 1], [2], [3, 4]], [10, 6, 4], size=99, tokens=20) == [[0, 1, 2], [3, 4]]  # 2 x 10
+    assert pack_units([[0, 1], [2], [3, 4]], [10, 6, 4], size=3, tokens=0) == [[0, 1, 2], [3, 4]]  # rows <= 3
+
+
+@pytest.mark.parametrize("layout,constrain", [("concatenated", False), ("concatenated", True), ("per-step", False)])
+def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env, layout, constrain):
+    raw = raw_config({**GRPO, "layout": layout, "constrain": constrain})
+    cfg = validate_run_config(raw, "test")
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    perturb(t.policy, 4)  # off the start: the gradients below are not all zero
+    t.policy.model.train()
+    out = {}
+    for share in (None, prefix_keys(batch)):
+        for p in t.policy.actor_parameters():
+            p.grad = None
+        lp, ent = token_logprobs(
+            t.policy.model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=cfg.rollout.temperature,
+            with_entropy=True,
+            allowed=batch.allowed,
+            prefix_keys=share,
+        )
+        (lp * batch.loss_mask).sum().backward()
+        out[share is None] = lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
+    (lp0, ent0, g0), (lp1, ent1, g1) = out[True], out[False]
+    m = batch.attention_mask.bool()
+    assert (lp0 - lp1)[m].abs().max().item() < TOL and (ent0 - ent1)[m].abs().max().item() < TOL
+    assert ((g0 - g1).norm() / g0.norm()).item() < 1e-4 and g0.norm() > 0
+
+
+def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env):
+    cfg = learner_cfg(shared_prefix=True)
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    batch = env.batch(env.trainer(cfg), cfg)
+    plan = make_plan(cfg, 1, batch)
+    assert plan.shared_prefix and plan.behaviour == "recompute"
+    shared, shared_w = _step(env, cfg, plan)
+    for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
+        assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    assert (shared_w - plain_w).abs().max().item() < 1e-5
+    assert shared["plan/shared_prefix"] == 1
+    # micro-batches are whole groups, each one packed sequence: under a budget smaller than any row, the
+    # plain path gives each trajectory a pass of its own, the shared prefix each group
+    rows = torch.arange(batch.num_rows)
+    micros = _micro_batches(batch, rows, 64, 1, shared_prefix=True)
+    assert len(micros) == len(set(prefix_keys(batch).tolist())) < len(_micro_batches(batch, rows, 64, 1))
+    assert sorted(torch.cat(micros).tolist()) == rows.tolist()
