@@ -2,12 +2,12 @@
 process on the same rollout batch (docs/benchmarks.md#learner).
 
 One rollout of `cfg` (update 1) is sampled once; then the update runs on that batch from the same start
-weights and a fresh optimizer, the two sides interleaved `repeats` times: `plain` under the default plan
-(every pass recomputed) and `plan` under `train.learner` as `fast` sets it. Reported per side: the median
-wall and process-CPU seconds of the update and of its behaviour + reference passes, the learner's share of
-rollout + update (the rollout measured once), trained tokens per second; and the ratios plan / plain.
-The two sides' loss and gradient norm are printed beside them: they agree to float rounding, which is
-what the fast path is allowed to change (tests/harness/rl/test_plan.py holds the equality tests).
+weights and a fresh optimizer, the sides interleaved `repeats` times: `plain` under the default plan
+(every pass recomputed, no shared prefix) and each of `SIDES` under its `train.learner`. Reported per
+side: the median wall and process-CPU seconds of the update and of its behaviour + reference passes, the
+learner's share of rollout + update (the rollout measured once), tokens per second through the update;
+the ratios to `plain`; and each side's loss and gradient norm, which agree to float rounding, all the fast
+paths are allowed to change (tests/harness/rl/test_plan.py holds the equality tests).
 """
 
 from __future__ import annotations
@@ -27,17 +27,22 @@ from harness.rl.plan import DEFAULT_PLAN, make_plan
 from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
 
-FAST = {"behaviour": "sampler"}  # the plan side's train.learner
+# the sides after `plain` (the default plan): their train.learner
+SIDES = {
+    "sampler": {"behaviour": "sampler"},
+    "shared_prefix": {"shared_prefix": True},
+    "sampler+shared_prefix": {"behaviour": "sampler", "shared_prefix": True},
+}
 
 
 def _params(policy) -> list[torch.Tensor]:
     return policy.actor_parameters() + policy.critic_parameters()
 
 
-def _timed(policy, cfg, batch, plan, start: dict[str, torch.Tensor]) -> dict:
+def _timed(policy, cfg, batch, plan, start: list[torch.Tensor]) -> dict:
     """One update on `batch` from the weights `start` with a fresh optimizer: its seconds and metrics."""
     with torch.no_grad():
-        for p, (_, w) in zip(_params(policy), start.items()):
+        for p, w in zip(_params(policy), start):
             p.copy_(w)
     optimizer = make_optimizer(policy, cfg)
     split: dict[str, float] = {}
@@ -53,29 +58,35 @@ def _timed(policy, cfg, batch, plan, start: dict[str, torch.Tensor]) -> dict:
     }
 
 
-def bench_learner(cfg: RunConfig, repeats: int = 3, fast: dict | None = None) -> dict:
-    """The two sides on one rollout batch of `cfg` (module docstring)."""
+def _side_config(cfg: RunConfig, learner: dict) -> RunConfig:
+    d = cfg.model_dump(mode="json")
+    d["train"].update({"eval_every": 0, "mi_every": 0, "learner": {**d["train"]["learner"], **learner}})
+    d["rollout"].update({"concurrent": False})
+    return validate_run_config(d, "bench learner")
+
+
+def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -> dict:
+    """The sides on one rollout batch of `cfg` (module docstring): one warm-up update of the plain side,
+    then `repeats` rounds of every side in turn."""
     from harness.rl.trainer import Trainer
 
-    d = cfg.model_dump(mode="json")
-    d["train"].update({"eval_every": 0, "mi_every": 0, "learner": {**d["train"]["learner"], **(fast or FAST)}})
-    d["rollout"].update({"concurrent": False})
-    fast_cfg = validate_run_config(d, "bench learner")
+    cfgs = {"plain": _side_config(cfg, {}), **{k: _side_config(cfg, v) for k, v in (sides or SIDES).items()}}
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(fast_cfg, Path(tmp), NullLogger())
+        trainer = Trainer(cfgs["sampler"] if "sampler" in cfgs else cfgs["plain"], Path(tmp), NullLogger())
         try:
             t0, c0 = time.perf_counter(), time.process_time()
-            rollout = trainer.worker.rollout(1, turn_budget_at(0, fast_cfg.turns))
+            rollout = trainer.worker.rollout(1, turn_budget_at(0, cfg.turns))
             rollout_s, rollout_cpu_s = time.perf_counter() - t0, time.process_time() - c0
             kept = [e for e in rollout.kept if e.steps and e.env_error is None]
             batch = trainer.learner.training_batch(kept)
             policy = trainer.policy
-            start = {str(i): p.detach().clone() for i, p in enumerate(_params(policy))}
-            plans = {"plain": DEFAULT_PLAN, "plan": make_plan(fast_cfg, 1, batch)}
+            start = [p.detach().clone() for p in _params(policy)]
+            plans = {k: DEFAULT_PLAN if k == "plain" else make_plan(c, 1, batch) for k, c in cfgs.items()}
+            _timed(policy, cfgs["plain"], batch, DEFAULT_PLAN, start)  # warms kernels and the allocator
             runs: dict[str, list[dict]] = {side: [] for side in plans}
-            for _ in range(repeats + 1):  # the first round warms kernels and the allocator: left out
+            for _ in range(repeats):
                 for side, plan in plans.items():
-                    runs[side].append(_timed(policy, fast_cfg, batch, plan, start))
+                    runs[side].append(_timed(policy, cfgs[side], batch, plan, start))
         finally:
             trainer.close()
     out: dict = {
@@ -88,16 +99,19 @@ def bench_learner(cfg: RunConfig, repeats: int = 3, fast: dict | None = None) ->
         "rollout_cpu_s": rollout_cpu_s,
         "train_tokens": int(batch.attention_mask.sum()),
         "trained_tokens": int(batch.loss_mask.sum()),
-        "plan_passes": {"behaviour": plans["plan"].behaviour, "reference": plans["plan"].reference},
+        "plans": {
+            k: {"behaviour": p.behaviour, "reference": p.reference, "shared_prefix": p.shared_prefix}
+            for k, p in plans.items()
+        },
     }
     for side, rows in runs.items():
-        timed = rows[1:]
-        med = {k: statistics.median(r[k] for r in timed) for k in timed[0] if k.endswith("_s")}
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")}
         med["learner_share"] = med["update_s"] / (med["update_s"] + rollout_s)
         med["train_tokens_per_s"] = out["train_tokens"] / med["update_s"]
-        med["update_s_per_repeat"] = [r["update_s"] for r in timed]
-        med["loss_total"], med["grad_norm"] = timed[-1]["loss_total"], timed[-1]["grad_norm"]
+        med["update_s_per_repeat"] = [r["update_s"] for r in rows]
+        med["loss_total"], med["grad_norm"] = rows[-1]["loss_total"], rows[-1]["grad_norm"]
+        if side != "plain":
+            for k in ("update_s", "update_cpu_s", "passes_cpu_s"):
+                med[f"{k}_ratio"] = med[k] / out["plain"][k]
         out[side] = med
-    for k in ("update_s", "update_cpu_s", "passes_s"):
-        out[f"{k}_ratio"] = out["plan"][k] / out["plain"][k]
     return out

@@ -292,7 +292,7 @@ def run_bench(
     if "learner" in parts:
         from harness.bench.learner import bench_learner
 
-        out["learner_plan_vs_plain"] = bench_learner(cfg, repeats=steps)
+        out["learner_plans"] = bench_learner(cfg, repeats=steps)
     if "sandbox" in parts:
         from harness.bench.sandbox import bench_sandbox
 
