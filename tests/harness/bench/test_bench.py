@@ -83,3 +83,22 @@ def test_engine_and_update_benches_report_every_side():
     up = bench_update("small", device="cpu", dtype="float32", batch=1, tokens=32, repeats=1)
     for side in ("checkpointing", "no_checkpointing"):
         assert up[side]["tokens_per_s"] > 0 and up[side]["peak_extra_bytes"] > 0
+
+
+def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
+    """`--only learner`: the four sides on one rollout batch, each side's plan as named, ratios to plain,
+    and every side's loss and gradient norm equal to the plain side's up to float rounding."""
+    from harness.bench.learner import SIDES, bench_learner
+
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 4}, turns={"max": 3})
+    out = bench_learner(cfg, repeats=1)
+    assert out["plans"]["plain"] == {"behaviour": "recompute", "reference": True, "shared_prefix": False}
+    assert out["plans"]["sampler+shared_prefix"] == {"behaviour": "sampler", "reference": True, "shared_prefix": True}
+    assert out["train_tokens"] > out["trained_tokens"] > 0
+    plain = out["plain"]
+    for side in SIDES:
+        row = out[side]
+        assert row["update_s"] > 0 and math.isclose(row["update_s_ratio"], row["update_s"] / plain["update_s"])
+        assert math.isclose(row["loss_total"], plain["loss_total"], rel_tol=1e-4, abs_tol=1e-6)
+        assert math.isclose(row["grad_norm"], plain["grad_norm"], rel_tol=1e-4)
+    assert out["sampler"]["passes_cpu_s"] < plain["passes_cpu_s"]  # the behaviour pass is gone, the reference stays
