@@ -237,6 +237,8 @@ def test_the_defaults_give_exactly_the_metrics_of_the_trainer_before_the_off_pol
     config, record = baseline_run.record()
     if record is None:  # a third kind of CPU: add its record with the writer in tests/helpers/baseline.py
         pytest.skip(f"no record for this CPU code path {baseline_run.machine()}; see tests/helpers/baseline.py")
+    if record.get("superseded"):  # a later, documented behaviour change reaches this path's run
+        pytest.skip(f"the record of this CPU code path is superseded: {record['superseded']}")
     rows = baseline_run.run(tmp_path / "run", config)
     assert [r["update"] for r in rows] == [r["update"] for r in record["rows"]]
     for old, new in zip(record["rows"], rows):
