@@ -78,6 +78,8 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
             rollout = trainer.worker.rollout(1, turn_budget_at(0, cfg.turns))
             rollout_s, rollout_cpu_s = time.perf_counter() - t0, time.process_time() - c0
             kept = [e for e in rollout.kept if e.steps and e.env_error is None]
+            if not kept:
+                raise RuntimeError(f"bench learner: the rollout of {cfg.env.name} kept no usable episode to train on")
             batch = trainer.learner.training_batch(kept)
             policy = trainer.policy
             start = [p.detach().clone() for p in _params(policy)]
