@@ -113,6 +113,11 @@ def shared_prefix_hidden_states(
     right-padded (the batch layout); positions past a row's length get the hidden state of its first token
     and are masked by every caller."""
     decoder, _ = backbone_and_head(model)
+    attn = getattr(decoder.config, "_attn_implementation", None)
+    if attn not in ("sdpa", "eager", None):  # flash kernels take no arbitrary mask: rows would see each other
+        raise ValueError(
+            f"train.learner.shared_prefix needs an attention that takes a 4D mask (sdpa or eager), not {attn!r}"
+        )
     dev = input_ids.device
     ids, lengths = input_ids.cpu(), attention_mask.sum(1).cpu()
     if not bool((attention_mask.cpu().bool() == (torch.arange(ids.shape[1])[None] < lengths[:, None])).all()):
