@@ -72,7 +72,9 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
 
     cfgs = {"plain": _side_config(cfg, {}), **{k: _side_config(cfg, v) for k, v in (sides or SIDES).items()}}
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfgs["sampler"] if "sampler" in cfgs else cfgs["plain"], Path(tmp), NullLogger())
+        # built from a side that reads the sampler's entropies, so its rollout records them for every side
+        recording = next((c for c in cfgs.values() if c.train.learner.behaviour == "sampler"), cfgs["plain"])
+        trainer = Trainer(recording, Path(tmp), NullLogger())
         try:
             t0, c0 = time.perf_counter(), time.process_time()
             rollout = trainer.worker.rollout(1, turn_budget_at(0, cfg.turns))

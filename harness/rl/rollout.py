@@ -83,13 +83,15 @@ def generate_turn(
     greedy: bool,
     generator: torch.Generator | list[torch.Generator],
     line_ends: LineEnds | None = None,
+    with_entropy: bool = False,
 ) -> TurnOutput:
     """Prefill `new_ids` (one segment per row) and sample one action per row.
 
     generator: one stream for the whole batch, or one per row (common random numbers: a row draws
     one number from its own stream per token it generates, so its tokens never depend on the other
     rows). line_ends (`rollout.stop: line`): a row also stops at the token that ends its first line
-    of text, kept whole (docs/algorithms.md#chat-prompts)."""
+    of text, kept whole (docs/algorithms.md#chat-prompts). with_entropy: also each token's entropies
+    (`TurnOutput.entropy`, for train.learner.behaviour: sampler)."""
     logits = kv.prefill(new_ids)  # (B, V)
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
@@ -116,10 +118,18 @@ def generate_turn(
             (generator, None) if isinstance(generator, torch.Generator) else (None, _row_uniforms(generator, active))
         )
         d = draw(
-            logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=shared, allowed=allowed, uniforms=u
+            logits,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            generator=shared,
+            allowed=allowed,
+            uniforms=u,
+            with_entropy=with_entropy,
         )
         toks[:, k], lps[:, k], raws[:, k] = d.tokens, d.logprobs, d.raw_logprobs
-        ents[:, k], ents_c[:, k] = d.entropy, d.entropy_constrained
+        if with_entropy:
+            ents[:, k], ents_c[:, k] = d.entropy, d.entropy_constrained
         length += active.long()
         stop = d.tokens == eot_id
         if lines is not None:
@@ -135,15 +145,15 @@ def generate_turn(
         logits = kv.feed(d.tokens[:, None], active[:, None])  # finished rows get a hole
     n = length.tolist()
     ids, lp, raw = toks[:, :steps].tolist(), lps[:, :steps].tolist(), raws[:, :steps].tolist()
-    ent, ent_c = ents[:, :steps].tolist(), ents_c[:, :steps].tolist()
+    ent, ent_c = (ents[:, :steps].tolist(), ents_c[:, :steps].tolist()) if with_entropy else (None, None)
     return TurnOutput(
         ids=[ids[b][: n[b]] for b in range(B)],
         logprobs=[lp[b][: n[b]] for b in range(B)],
         raw_logprobs=[raw[b][: n[b]] if constrained[b] else None for b in range(B)],
         overflow=(~ended).tolist(),
         allowed=[sets[b][: n[b]] if constrained[b] else None for b in range(B)],
-        entropy=[ent[b][: n[b]] for b in range(B)],
-        entropy_constrained=[ent_c[b][: n[b]] for b in range(B)],
+        entropy=[ent[b][: n[b]] for b in range(B)] if ent is not None else None,
+        entropy_constrained=[ent_c[b][: n[b]] for b in range(B)] if ent_c is not None else None,
     )
 
 
@@ -227,6 +237,7 @@ def collect(
     reuse_cache: bool = True,
     timings: list[dict] | None = None,
     cross: CrossPolicy | None = None,
+    record_entropy: bool = False,
 ) -> list[Episode]:
     """Play one episode per `tasks` entry (task seed, group id) in lock-step; return them in order.
 
@@ -241,6 +252,9 @@ def collect(
     cross: cross-policy sampling; each turn the live rows are split by their drawn member and each
     member generates for its rows from the full context (no KV reuse across turns, since the other
     members' actions are not in a member's cache).
+    record_entropy: our sampler also records each action token's entropies (StepRecord.sampler_entropy),
+    which train.learner.behaviour: sampler reads; off elsewhere, as they cost two passes over the
+    vocabulary a token.
     """
     n_env = getattr(venv, "n", len(tasks))
     if n_env != len(tasks):
@@ -308,7 +322,9 @@ def collect(
                         model, cross, chat.pad_id, new_ids, tries, streams_now, sample, cfg.rollout.backend
                     )
                 else:
-                    out = generate_turn(kv, new_ids, tries, generator=streams_now, **sample)
+                    out = generate_turn(
+                        kv, new_ids, tries, generator=streams_now, with_entropy=record_entropy, **sample
+                    )
                 if timings is not None:
                     timings.append(
                         {

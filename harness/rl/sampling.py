@@ -42,7 +42,7 @@ class Draw:
     # (B,) entropy of the tempered distribution over the whole vocabulary, and of the distribution drawn
     # from (the admissible set's when constrained, else the same): what the trainer's behaviour pass
     # computes at this token, recorded so an update can take them from the sampler
-    # (train.learner.behaviour: sampler, docs/trainer.md#update-plan)
+    # (train.learner.behaviour: sampler, docs/trainer.md#update-plan); None unless asked for
     entropy: torch.Tensor | None = None
     entropy_constrained: torch.Tensor | None = None
 
@@ -77,8 +77,10 @@ def draw(
     generator: torch.Generator | None,
     allowed: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
+    with_entropy: bool = False,
 ) -> Draw:
-    """Next tokens for a batch. logits (B, V); allowed (B, V) bool or None (no constraint)."""
+    """Next tokens for a batch. logits (B, V); allowed (B, V) bool or None (no constraint).
+    with_entropy: also the entropies (`Draw.entropy`), two more passes over the vocabulary a token."""
     scaled = logits.float() / temperature  # (B, V)
     raw_logp = scaled.log_softmax(-1)  # (B, V)
     logp = raw_logp
@@ -92,9 +94,11 @@ def draw(
             probs = top_p_filter(probs, top_p)
         tok = inverse_cdf(probs, generator, uniforms)
     idx = tok.unsqueeze(1)
-    ent = _entropy(raw_logp)
-    ent_c = _entropy(logp) if allowed is not None else ent
-    return Draw(tok, logp.gather(1, idx).squeeze(1), raw_logp.gather(1, idx).squeeze(1), ent, ent_c)
+    d = Draw(tok, logp.gather(1, idx).squeeze(1), raw_logp.gather(1, idx).squeeze(1))
+    if with_entropy:
+        d.entropy = _entropy(raw_logp)
+        d.entropy_constrained = _entropy(logp) if allowed is not None else d.entropy
+    return d
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,8 @@ class RolloutWorker:
         self.vllm = VLLMSampler(cfg, source, device) if cfg.rollout.backend == "vllm" else None
         self.judge = build_judge(cfg, policy)  # reward.process (None when off)
         self.act_questions = act_questions(cfg)  # ACT questions per update in act.mode mixed (else 0)
+        # train.learner.behaviour sampler: the update reads the sampler's entropies (harness.rl.plan)
+        self.records_entropy = cfg.train.learner.behaviour == "sampler"
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types, parser)
         self.venvs = VenvPool(cfg.env)  # vector envs by batch size (the trainer's evaluation uses them too)
         # env.skip_demo_tasks: RL's train tasks start after the demonstrations' train seeds
@@ -146,8 +148,10 @@ class RolloutWorker:
         budget: int,
         first_group: int = 0,
         cross: CrossPolicy | None = None,
+        record_entropy: bool | None = None,
     ) -> list[Episode]:
-        """`group_size` episodes of each task seed, played by the sampler (groups from `first_group` on)."""
+        """`group_size` episodes of each task seed, played by the sampler (groups from `first_group` on).
+        record_entropy: the sampler's entropies per token (default: where the update plan reads them)."""
         tasks = [(s, first_group + j) for j, s in enumerate(seeds) for _ in range(group_size)]
         return collect(
             self.vllm if self.vllm is not None else self.sampler.model(),
@@ -160,6 +164,7 @@ class RolloutWorker:
             generator=generator,
             instructions=self.env.instructions,
             cross=cross,
+            record_entropy=self.records_entropy if record_entropy is None else record_entropy,
         )
 
     def _filtered_rollout(self, update: int, budget: int) -> tuple[list[Episode], list[Episode], dict, float | None]:
@@ -232,5 +237,6 @@ class RolloutWorker:
             greedy=False,
             generator=stream(c.train.seed, update, ACT_SALT),
             instructions=act_instructions(c),
+            record_entropy=self.records_entropy,
         )
         return eps, stats

@@ -85,6 +85,7 @@ class Env:
                 greedy=False,
                 budget=cfg.turns.max,
                 generator=torch.Generator().manual_seed(7),
+                record_entropy=True,  # so every plan can be tried on these episodes (tokens unchanged)
             )
         t = self.trainers[key]
         with torch.no_grad():

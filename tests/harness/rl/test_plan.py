@@ -49,6 +49,18 @@ def test_the_sampler_path_gives_the_recomputed_behaviour_within_float_rounding(e
         assert recomputed.entropy_constrained is None and sampled.entropy_constrained is None
 
 
+def test_only_a_sampler_path_run_records_entropies_and_without_them_the_update_recomputes(env):
+    cfg = learner_cfg(behaviour="sampler")
+    t = env.trainer(cfg)
+    assert t.worker.records_entropy  # the run's setting asks the sampler for them
+    args = dict(greedy=False, budget=cfg.turns.max, generator=torch.Generator().manual_seed(7))
+    bare = t.worker.episodes(t.worker.train_tasks(1, 0), cfg.rollout.group_size, record_entropy=False, **args)
+    assert all(s.sampler_entropy is None for e in bare for s in e.steps)
+    batch = t.learner.training_batch([e for e in bare if e.steps and e.env_error is None], cfg)
+    assert batch.stream_entropy is None and make_plan(cfg, 1, batch).behaviour == "recompute"
+    assert torch.equal(batch.input_ids, env.batch(t, cfg).input_ids)  # recording changes no sampled token
+
+
 def _step(env, cfg, plan):
     """Metrics and the trained weights of one update from the shared start, under `plan`."""
     t = env.trainer(cfg)
