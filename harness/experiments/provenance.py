@@ -13,6 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.config.training import LearnerConfig
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Packages whose versions can change a result; recorded in every summary.json.
@@ -42,7 +44,7 @@ def canonical_json(obj: Any) -> str:
 # byte: at their default they are left out of the hash, so the point ids of every earlier run (and the
 # committed records) stay what they were; any other value is hashed as usual.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, ...], dict] = {
-    ("train", "learner"): {"behaviour": "recompute", "reference_every": 1, "shared_prefix": False},  # rl.plan
+    ("train", "learner"): LearnerConfig().model_dump(mode="json"),  # harness.rl.plan
 }
 
 

@@ -75,7 +75,7 @@ def hidden_states(
     return out.last_hidden_state
 
 
-def _common_prefix(ids: torch.Tensor, lengths: torch.Tensor) -> int:
+def common_prefix(ids: torch.Tensor, lengths: torch.Tensor) -> int:
     """Length of the longest prefix that the right-padded rows `ids` (n, T) share, within every row's length."""
     n_min = int(lengths.min())
     same = (ids[:, :n_min] == ids[:1, :n_min]).all(0)  # (n_min,)
@@ -86,7 +86,7 @@ def _pack(ids: torch.Tensor, lengths: torch.Tensor, rows: list[int]):
     """One packed row for `rows`: their common prefix once, then each row's rest. Returns the packed ids
     (Lp,), positions (Lp,), member of each packed token (-1: the prefix) and, per row, the packed index of
     each of its positions (L_r,)."""
-    P = _common_prefix(ids[rows], lengths[rows])
+    P = common_prefix(ids[rows], lengths[rows])
     toks, pos, member, where = [ids[rows[0], :P]], [torch.arange(P)], [torch.full((P,), -1)], []
     at = P
     for i, r in enumerate(rows):
@@ -311,6 +311,7 @@ __all__ = [
     "logprobs_from_hidden",
     "hidden_states",
     "shared_prefix_hidden_states",
+    "common_prefix",
     "backbone_and_head",
     "position_ids",
     "DEFAULT_CHUNK",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from harness.model.logprobs import common_prefix
 from harness.transcript.records import Episode
 
 LONG = torch.long
@@ -81,10 +82,8 @@ def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | No
     out, lengths = list(merged.values()), []
     for unit in out:
         idx = torch.tensor([rows[k] for k in unit])
-        ids, n = batch.input_ids[idx], batch.attention_mask[idx].sum(1)
-        m = int(n.min())
-        same = (ids[:, :m] == ids[:1, :m]).all(0)
-        P = m if bool(same.all()) else int((~same).nonzero()[0])
+        n = batch.attention_mask[idx].sum(1)
+        P = common_prefix(batch.input_ids[idx], n)
         lengths.append(P + int((n - P).sum()))
     return out, lengths
 

@@ -69,18 +69,15 @@ def _micro_batches(
     (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead. With a
     shared prefix (train.learner.shared_prefix), whole groups, each costing its packed length."""
     traj = _row_traj(batch)[rows]
+    trajs: dict[int, list[int]] = {}  # positions in `rows` of each trajectory, whole units below
+    for k, t in enumerate(traj.tolist()):
+        trajs.setdefault(t, []).append(k)
     if shared_prefix:
-        trajs: dict[int, list[int]] = {}
-        for k, t in enumerate(traj.tolist()):
-            trajs.setdefault(t, []).append(k)
         units, lengths = prefix_units(batch, rows.tolist(), list(trajs.values()))
         return [rows[torch.tensor(sorted(p))] for p in pack_units(units, lengths, size, tokens)]
     if tokens > 0:
-        units: dict[int, list[int]] = {}
-        for k, t in enumerate(traj.tolist()):
-            units.setdefault(t, []).append(k)
         lengths = batch.attention_mask[rows].sum(1).tolist()
-        groups = list(units.values())
+        groups = list(trajs.values())
         packed = pack_by_tokens(groups, [max(int(lengths[k]) for k in g) for g in groups], tokens)
         return [rows[torch.tensor(sorted(p))] for p in packed]
     out, cur = [], []
