@@ -9,12 +9,17 @@
       - {algo.clip.eps_low: [0.2, 0.003], algo.clip.eps_high: [0.28, 0.004]}
     points:                            # explicit points, added to the grid's (not crossed with it)
       - {label: gspo, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4}
+      - {label: gspo-again, algo.clip.level: sequence, algo.clip.eps_low: 3.0e-4, seed_offset: 1000}
     seeds: [0, 1, 2]                   # or a budget: {start: 3, step: 2, max: 15} (harness.experiments.seed_budget)
     baseline: gspo                     # a label, or an override mapping; default: the first point
     equivalence_margin: 0.05           # optional: the verdict column's equivalence margin (analysis)
 
 Variants = product(grid keys, zip groups) + points (one base-only variant when none is given);
-points = variants x seeds. A point's id is a readable slug of its overrides (or its label), its
+points = variants x seeds. A point's optional `seed_offset` (default 0) shifts its seeds: it runs
+train.seed = s + offset for every s of the sweep's seeds, so that two labels of one config (an A/A
+test, sweeps/aa_calibration.yaml) are independent runs rather than the same run twice; the table
+then compares them unpaired by seed (analysis.columns). Not allowed with a seed budget, whose looks
+run seeds 0 .. n_k - 1. A point's id is a readable slug of its overrides (or its label), its
 seed and 8 hex digits of the hash of its canonical resolved config: `agg=token-mean__seed=1__3f2a1b9c`.
 Axis isolation: a point may differ from the baseline (same seed) only in declared axes
 (grid / zip / points keys, the seed, and `env.options` when `env.name` is declared); anything
@@ -47,6 +52,7 @@ from harness.experiments.provenance import config_hash
 from harness.experiments.seed_budget import SeedBudget, check_until, parse_seed_budget
 
 SEED_KEY = "train.seed"
+OFFSET_KEY = "seed_offset"  # a point's seed shift (module docstring); never a config key
 SLUG_MAX = 64
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep's (or a run's --name) results folder
@@ -145,6 +151,7 @@ class Point:
     config: RunConfig
     config_hash: str
     is_baseline: bool = False
+    seed_offset: int = 0  # train.seed = the sweep's seed + this (the point's `seed_offset`)
 
 
 @dataclass
@@ -192,7 +199,13 @@ class Sweep:
         for p in self.points:
             variants.setdefault(
                 p.variant,
-                {"variant": p.variant, "label": p.label, "overrides": p.overrides, "is_baseline": p.is_baseline},
+                {
+                    "variant": p.variant,
+                    "label": p.label,
+                    "overrides": p.overrides,
+                    "is_baseline": p.is_baseline,
+                    **({"seed_offset": p.seed_offset} if p.seed_offset else {}),
+                },
             )
         return {
             "name": self.name,
@@ -348,8 +361,21 @@ def _read_spec(path: Path) -> tuple[SweepSpec, SeedBudget | None]:
     return spec, budget
 
 
+def _seed_offset(point: dict[str, Any], i: int, src: str) -> int:
+    """The point's `seed_offset` (popped from `point`; 0 when absent), a whole number >= 0."""
+    offset = point.pop("seed_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConfigError(
+            f"{src}: points[{i}].seed_offset = {show_value(offset)} must be a whole number >= 0: the point runs "
+            f"train.seed = s + seed_offset for each of the sweep's seeds s (e.g. 1000 for a second, independent "
+            f"copy of a variant)."
+        )
+    return offset
+
+
 def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any], str]]:
-    """(label, overrides, origin) for every variant, before seeds."""
+    """(label, overrides, origin) for every variant, before seeds; a point's `seed_offset` is moved
+    into its overrides under OFFSET_KEY (`_split_offset` takes it out again)."""
     factors: list[list[dict[str, Any]]] = [[{k: v} for v in values] for k, values in spec.grid.items()]
     for i, group in enumerate(spec.zip):
         lengths = {k: len(v) for k, v in group.items()}
@@ -376,14 +402,17 @@ def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any
         label = point.pop("label", None)
         if label is not None and not isinstance(label, str):
             raise ConfigError(f"{src}: points[{i}].label = {show_value(label)} must be a string.")
-        out.append((label, flatten(point), f"the sweep's point {label or i}"))
+        offset = _seed_offset(point, i, src)
+        out.append(
+            (label, {**flatten(point), **({OFFSET_KEY: offset} if offset else {})}, f"the sweep's point {label or i}")
+        )
     if not out:
         out.append((None, {}, "the base config"))
     for label, overrides, _ in out:
         if SEED_KEY in overrides:
             raise ConfigError(
                 f"{src}: {SEED_KEY} is set by the sweep's `seeds` list; remove it from "
-                f"{'point ' + repr(label) if label else 'the grid'}."
+                f"{'point ' + repr(label) if label else 'the grid'} (a point runs other seeds with seed_offset)."
             )
     labels = [label for label, _, _ in out if label]
     dup = {label for label in labels if labels.count(label) > 1}
@@ -392,10 +421,16 @@ def _variants(spec: SweepSpec, src: str) -> list[tuple[str | None, dict[str, Any
     return out
 
 
+def _split_offset(overrides: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """(the config overrides, the seed offset) of a variant from `_variants`."""
+    rest = {k: v for k, v in overrides.items() if k != OFFSET_KEY}
+    return rest, int(overrides.get(OFFSET_KEY, 0))
+
+
 def declared_axes(spec: SweepSpec, variants: list[tuple[str | None, dict, str]]) -> list[str]:
     axes: list[str] = []
     for _, overrides, _ in variants:
-        axes += [k for k in overrides if k not in axes]
+        axes += [k for k in overrides if k not in axes and k != OFFSET_KEY]
     return axes + [SEED_KEY]
 
 
@@ -505,24 +540,37 @@ def load_sweep(
     first_seed: dict[str, RunConfig] = {}
     hashes: dict[str, str] = {}
     for label, overrides, origin in variants:
+        overrides, offset = _split_offset(overrides)
+        if offset and budget is not None:
+            raise ConfigError(
+                f"{src}: point {label!r} has seed_offset {offset}, but the sweep's seeds are a seed budget, whose "
+                f"looks run seeds 0 .. n - 1 of every variant; list the seeds instead (seeds: [0, 1, 2])."
+            )
         slug = variant_slug(overrides, label)
         if slug in by_variant:  # two unlabelled variants whose slugs were cut to the same text
             slug = f"{slug[: SLUG_MAX - 7]}-{config_hash(overrides, 6)}"
-        for seed in spec.seeds:
+        for i, seed in enumerate(s + offset for s in spec.seeds):
             source = f"{src} (point {slug}, seed {seed})"
+            if not SEED_MIN <= seed <= SEED_MAX:
+                raise ConfigError(
+                    f"{source}: seed {seed - offset} + seed_offset {offset} = {seed} is out of range; a seed is a "
+                    f"whole number from {SEED_MIN} to {SEED_MAX}."
+                )
             origins = {k: origin for k in overrides}
             cfg = validate_run_config(apply_overrides(base, {**overrides, SEED_KEY: seed}, source), source, origins)
             chash = config_hash(cfg)
             if chash in hashes:
                 raise ConfigError(
                     f"{src}: points {hashes[chash]!r} and {slug!r} resolve to the same config "
-                    f"(seed {seed}); remove one."
+                    f"(seed {seed}); remove one, or give one a seed_offset to run it as an independent copy."
                 )
             hashes[chash] = slug
-            if seed == spec.seeds[0]:
+            if i == 0:
                 by_variant[slug] = {"label": label, "overrides": overrides, "hash": chash}
                 first_seed[slug] = cfg
-            points.append(Point(point_id(slug, seed, chash), slug, label, seed, dict(overrides), cfg, chash))
+            points.append(
+                Point(point_id(slug, seed, chash), slug, label, seed, dict(overrides), cfg, chash, seed_offset=offset)
+            )
     baseline = _pick_baseline(spec, src, base, by_variant)
     _check_isolation(src, baseline, first_seed, _isolation_covers(axes))
     points = [Point(**{**p.__dict__, "is_baseline": p.variant == baseline}) for p in points]
