@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from harness.bench.real import load_average
+from harness.bench.real import load_average, matmul_gflops
 from harness.bench.timing import NullLogger
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
@@ -27,12 +27,28 @@ from harness.rl.plan import DEFAULT_PLAN, make_plan
 from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
 
+DTYPES = (torch.float32, torch.bfloat16)
+
 # the sides after `plain` (the default plan): their train.learner
 SIDES = {
     "sampler": {"behaviour": "sampler"},
     "shared_prefix": {"shared_prefix": True},
     "sampler+shared_prefix": {"behaviour": "sampler", "shared_prefix": True},
+    # bfloat16 compute recomputes the behaviour pass in its own precision (the sampler's are float32)
+    "bf16": {"precision": "bfloat16"},
+    "bf16+shared_prefix": {"precision": "bfloat16", "shared_prefix": True},
 }
+
+
+def cpu_bf16() -> str:
+    """The CPU's bfloat16 instructions as /proc/cpuinfo lists them ('' where it lists none or cannot be read):
+    without them autocast to bfloat16 runs, emulated, slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    return " ".join(sorted(x for x in flags if x in ("avx512_bf16", "amx_bf16", "avx_ne_convert")))
 
 
 def _params(policy) -> list[torch.Tensor]:
@@ -104,9 +120,17 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
         "train_tokens": int(batch.attention_mask.sum()),
         "trained_tokens": int(batch.loss_mask.sum()),
         "plans": {
-            k: {"behaviour": p.behaviour, "reference": p.reference, "shared_prefix": p.shared_prefix}
+            k: {
+                "behaviour": p.behaviour,
+                "reference": p.reference,
+                "shared_prefix": p.shared_prefix,
+                "precision": p.precision,
+            }
             for k, p in plans.items()
         },
+        "cpu_bf16": cpu_bf16(),
+        # the dtypes' matmul rate at this thread count (GFLOP per CPU-second): the compute floor of each side
+        "matmul_gflops": {str(d).removeprefix("torch."): matmul_gflops(1024, d, 3, time.process_time) for d in DTYPES},
     }
     for side, rows in runs.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")}

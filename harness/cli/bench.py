@@ -47,8 +47,9 @@ def bench_command(
     real: the config's model (e.g. smollm2-135m-instruct) on this machine: the matmul floor, HF
     generate vs our engines at batches 32 and 1, and `--steps` updates split into rollout, log-probs
     and update, with the peak resident memory; real_update: the same without the sampling part;
-    learner: on one rollout batch, the update under the default plan vs train.learner.behaviour: sampler
-    (harness.rl.plan), `--steps` interleaved repeats a side."""
+    learner: on one rollout batch, the update under the default plan vs the update plan's other paths
+    (harness.rl.plan: the sampler's log-probs, the shared prefix, bfloat16 compute, and their
+    combinations), `--steps` interleaved repeats a side, with each dtype's matmul rate."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]

@@ -208,6 +208,13 @@ def learner_problem(cfg: RunConfig) -> str | None:
                     f"{head} takes the sampler's log-probs as the behaviour policy's, which needs the sampler to "
                     f"be the trainer's own model; here {why}. Set train.learner.behaviour: recompute or change that key"
                 )
+    if ln.behaviour == "sampler" and ln.precision != "float32":
+        return (
+            f"{head} with train.learner.precision = {ln.precision!r}: the sampler's log-probs are float32 and the "
+            f"training forward's are {ln.precision}, so the ratio of even the first minibatch would carry their "
+            "rounding gap; set train.learner.behaviour: recompute (the behaviour pass then runs in the same "
+            "precision) or train.learner.precision: float32"
+        )
     trained = kl.estimator != "none" and kl.coef > 0
     if ln.reference_every > 1 and trained:
         return (

@@ -137,9 +137,24 @@ class LearnerConfig(Strict):
         "float rounding.",
     )
 
+    precision: Literal["float32", "bfloat16"] = F(
+        "float32",
+        "Compute dtype of the learner's passes (behaviour, reference, training forward and backward). bfloat16: "
+        "they run under autocast (matrix products in bfloat16, log-softmax, losses, weights, gradients and "
+        "the optimizer in float32), fast on CPUs with bfloat16 instructions (AVX512-BF16, AMX) and on GPUs; "
+        "the sampler and the held-out evaluation stay in the model's dtype. Log-probs move by bfloat16 rounding "
+        "(docs/trainer.md#learner-precision), so the behaviour log-probs are recomputed in the same precision "
+        "(not taken from the sampler) and the first minibatch's ratio stays 1.",
+    )
+
     @property
     def is_default(self) -> bool:
-        return self.behaviour == "recompute" and self.reference_every == 1 and not self.shared_prefix
+        return (
+            self.behaviour == "recompute"
+            and self.reference_every == 1
+            and not self.shared_prefix
+            and self.precision == "float32"
+        )
 
 
 class TrainConfig(Strict):

@@ -153,10 +153,14 @@ class _LinearLogprob(torch.autograd.Function):
 
     Saves only the inputs and two numbers per row; backward recomputes the logits and writes
     the gradient over them in place, so at most two (n, V) float32 blocks exist at once.
+    Under autocast (train.learner.precision) backward recomputes the logits in the forward's autocast
+    state, as torch.amp.custom_bwd does, so they match the ones `lse` was taken from.
     """
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, temperature, with_entropy, allowed):
+        dev = h.device.type
+        ctx.autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         logits = restrict_(_linear_logits(h, weight, bias, temperature), allowed)  # (n, V) float32
         lse = torch.logsumexp(logits, dim=-1)  # (n,)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
@@ -170,6 +174,19 @@ class _LinearLogprob(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
+        if ctx.autocast is None:
+            return _LinearLogprob._backward(ctx, g_logp, g_ent)
+        h = ctx.saved_tensors[0]
+        with torch.autocast(h.device.type, dtype=ctx.autocast):
+            g_h, g_w, g_b, *rest = _LinearLogprob._backward(ctx, g_logp, g_ent)
+        weight = ctx.saved_tensors[1]  # gradients in the dtypes of their inputs (float32 master weights)
+        g_h = g_h.to(h.dtype) if g_h is not None else None
+        g_w = g_w.to(weight.dtype) if g_w is not None else None
+        g_b = g_b.to(weight.dtype) if g_b is not None else None
+        return g_h, g_w, g_b, *rest
+
+    @staticmethod
+    def _backward(ctx, g_logp, g_ent):
         h, weight, bias, targets, lse, ent, allowed = ctx.saved_tensors
         logq = restrict_(_linear_logits(h, weight, bias, ctx.temperature), allowed).sub_(lse[:, None])  # (n, V)
         grad = logq.exp()  # p, (n, V)

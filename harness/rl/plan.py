@@ -15,12 +15,16 @@ values. The plan says which of them run and where the behaviour log-probs come f
                group's common prefix once (harness.model.logprobs.shared_prefix_hidden_states), its
                micro-batches made of whole groups (harness.rl.batch.prefix_units).
 
+    precision  train.learner.precision: bfloat16 runs those passes and the training forward under autocast
+               (`UpdatePlan.compute`); weights, gradients and the optimizer stay in their own dtype.
+
 A run whose train.learner is not the default logs the plan beside its metrics (`plan/*`), so every
 row says which path produced it; default runs log nothing new and keep their metrics byte for byte.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +39,7 @@ class UpdatePlan:
     reference: bool  # whether the reference log-probs are computed in this update
     shared_prefix: bool = False  # each group's common prefix runs once per pass (train.learner.shared_prefix)
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
+    precision: str = "float32"  # compute dtype of the learner's passes (train.learner.precision)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         if not self.logged:
@@ -43,7 +48,17 @@ class UpdatePlan:
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
             "plan/reference": torch.tensor(float(self.reference)),
             "plan/shared_prefix": torch.tensor(float(self.shared_prefix)),
+            "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
         }
+
+    def compute(self, device: torch.device | str) -> AbstractContextManager:
+        """The context the learner's forward passes run in on `device`: autocast to bfloat16 under
+        precision bfloat16 (matrix products in bfloat16; PyTorch keeps softmax, log-softmax, norms and
+        reductions in float32), else nothing. Backward passes run outside it: autograd replays each op
+        in the dtype its forward used (docs/trainer.md#learner-precision)."""
+        if self.precision == "float32":
+            return nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=getattr(torch, self.precision))
 
 
 DEFAULT_PLAN = UpdatePlan(behaviour="recompute", reference=True)
@@ -58,4 +73,5 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
         reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
         shared_prefix=ln.shared_prefix,
         logged=not ln.is_default,
+        precision=ln.precision,
     )

@@ -177,14 +177,27 @@ def _kept_masks(
 
 
 def _minibatch_step(
-    policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr: Correction | None = None, shared_prefix: bool = False
+    policy,
+    batch,
+    mb_idx,
+    adv,
+    returns,
+    fwd,
+    cfg,
+    sums,
+    corr: Correction | None = None,
+    plan: UpdatePlan = DEFAULT_PLAN,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Gradient of one minibatch accumulated over its micro-batches; returns the gradient norm.
-    `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given."""
+    `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given.
+    Forward passes run in `plan.compute(device)` (the learner's precision), backward passes outside it."""
     a = cfg.algo
+    shared_prefix = plan.shared_prefix
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, shared_prefix)
-    policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, shared_prefix)
+    with plan.compute(device):
+        policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, shared_prefix)
     agg = a.agg_params
     denominators = Denominators(
         loss=global_counts(batch.loss_mask[mb_idx], agg),
@@ -198,20 +211,21 @@ def _minibatch_step(
     for micro, pmask in zip(micros, policy_masks):
         mb = batch.rows(micro)
         T = mb.input_ids.shape[1]
-        out = loss_terms(
-            policy,
-            mb,
-            adv[micro, :T],
-            fwd.old_logp[micro, :T],
-            _pick(fwd.ref_logp, micro, T),
-            _pick(fwd.old_values, micro, T),
-            _pick(returns, micro, T),
-            cfg,
-            denominators,
-            pmask if own_mask else None,
-            _pick(corr.weight, micro, T),
-            shared_prefix,
-        )
+        with plan.compute(device):
+            out = loss_terms(
+                policy,
+                mb,
+                adv[micro, :T],
+                fwd.old_logp[micro, :T],
+                _pick(fwd.ref_logp, micro, T),
+                _pick(fwd.old_values, micro, T),
+                _pick(returns, micro, T),
+                cfg,
+                denominators,
+                pmask if own_mask else None,
+                _pick(corr.weight, micro, T),
+                shared_prefix,
+            )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")
         out.loss.backward()
@@ -236,7 +250,9 @@ def run_update(
     bit-identical for the same config and seed."""
     a = cfg.algo
     t0, c0 = time.perf_counter(), time.process_time()
-    fwd = behaviour_forward(policy, batch, cfg, plan)  # eval mode
+    device = next(policy.model.parameters()).device
+    with plan.compute(device):  # bfloat16 autocast under train.learner.precision, else nothing
+        fwd = behaviour_forward(policy, batch, cfg, plan)  # eval mode
     if seconds is not None:
         seconds.update(logprobs_s=time.perf_counter() - t0, logprobs_cpu_s=time.process_time() - c0)
     adv, returns = advantages(batch, fwd, cfg)
@@ -255,7 +271,7 @@ def run_update(
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
             optimizer.zero_grad(set_to_none=True)
-            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr, plan.shared_prefix)
+            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr, plan, device)
             if not torch.isfinite(gn):
                 raise Diverged(f"non-finite gradient norm {gn.item()}")
             sums.setdefault("diag/grad_norm", []).append(gn.detach().float())

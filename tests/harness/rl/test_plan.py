@@ -204,3 +204,98 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env):
     micros = _micro_batches(batch, rows, 64, 1, shared_prefix=True)
     assert len(micros) == len(set(prefix_keys(batch).tolist())) < len(_micro_batches(batch, rows, 64, 1))
     assert sorted(torch.cat(micros).tolist()) == rows.tolist()
+
+
+# ----------------------------------------------------------------------------- the learner's precision
+# bfloat16 keeps 8 bits of mantissa: a logit of size ~10 moves by up to ~0.04; measured on these rollouts
+# the log-probs move by ~1e-2 at most
+BF16_TOL = 0.1
+
+
+def _grads(t) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, share):
+    cfg = learner_cfg(precision="bfloat16", shared_prefix=share)
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    perturb(t.policy, 4)  # off the start: the gradients below are not all zero
+    t.policy.model.train()
+    plan = make_plan(cfg, 1, batch)
+    assert plan.precision == "bfloat16"
+    out = {}
+    for bf16 in (False, True):
+        for p in t.policy.actor_parameters():
+            p.grad = None
+        with plan.compute("cpu") if bf16 else DEFAULT_PLAN.compute("cpu"):
+            lp, ent = token_logprobs(
+                t.policy.model,
+                batch.input_ids,
+                batch.attention_mask,
+                temperature=cfg.rollout.temperature,
+                with_entropy=True,
+                prefix_keys=prefix_keys(batch) if share else None,
+            )
+        assert lp.dtype == torch.float32 and ent.dtype == torch.float32  # log-softmax stays float32
+        (lp * batch.loss_mask).sum().backward()
+        out[bf16] = lp, ent, _grads(t)
+    assert all(p.grad.dtype == p.dtype == torch.float32 for p in t.policy.actor_parameters())  # master weights
+    (lp0, ent0, g0), (lp1, ent1, g1) = out[False], out[True]
+    m = batch.attention_mask.bool()
+    gap = (lp0 - lp1)[m].abs().max().item()
+    assert TOL < gap < BF16_TOL  # it ran in bfloat16 (far beyond float32 rounding), and only rounding moved
+    assert (ent0 - ent1)[m].abs().max().item() < BF16_TOL
+    cos = torch.nn.functional.cosine_similarity(g0, g1, dim=0).item()
+    assert cos > 0.99 and ((g0 - g1).norm() / g0.norm()).item() < 0.1, cos
+
+
+def test_the_fused_head_recomputes_its_logits_in_bfloat16_in_backward():
+    """The gradient of the fused lm_head under autocast is that of the bfloat16 logits the forward took its
+    log-sum-exp from: the same as autograd through the unfused bfloat16 computation."""
+    from harness.model.logprobs import _chunk_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(50, 16, generator=g))
+    h = torch.randn(12, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (12,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, ent = _chunk_logprobs(head, h, targets, 0.7, True)
+    ((lp + 0.3 * ent).sum()).backward()
+    fused = h.grad.clone(), head.weight.grad.clone()
+    h.grad, head.weight.grad = None, None
+    logits = (h.bfloat16() @ head.weight.bfloat16().t()).float() / 0.7
+    ref = logits.log_softmax(-1)
+    lp_ref = ref.gather(-1, targets[:, None]).squeeze(-1)
+    ent_ref = -(ref.exp() * ref).sum(-1)
+    assert (lp - lp_ref).abs().max() < 1e-5
+    ((lp_ref + 0.3 * ent_ref).sum()).backward()
+    assert fused[0].dtype == fused[1].dtype == torch.float32
+    for a, b in zip(fused, (h.grad, head.weight.grad)):
+        assert ((a - b).norm() / b.norm()).item() < 2e-2  # the bfloat16 products of backward, both sides
+
+
+def test_a_bfloat16_update_gives_the_float32_loss_and_step_within_its_rounding(env):
+    cfg = learner_cfg(precision="bfloat16")
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    batch = env.batch(env.trainer(cfg), cfg)
+    plan = make_plan(cfg, 1, batch)
+    assert plan.behaviour == "recompute" and plan.precision == "bfloat16"
+    low, low_w = _step(env, cfg, plan)
+    for key in ("loss/policy", "loss/total", "diag/entropy", "diag/grad_norm"):
+        assert low[key] == pytest.approx(plain[key], rel=5e-2, abs=1e-3), key
+    assert low["plan/bf16"] == 1 and low["plan/behaviour_recomputed"] == 1
+    start = _weights(env.trainer(cfg))
+    # Adam's step divides by the gradient's scale, so coordinates whose gradient is near 0 take a full-size
+    # step whichever way rounding tips them: the steps agree in direction, not to the last digit
+    cos = torch.nn.functional.cosine_similarity(plain_w - start, low_w - start, dim=0).item()
+    assert 0 < (low_w - plain_w).norm() < 0.25 * (plain_w - start).norm() and cos > 0.97, cos
+
+
+def test_bfloat16_is_refused_with_the_sampler_behaviour():
+    with pytest.raises(ConfigError, match="train.learner.precision = 'bfloat16'") as e:
+        learner_cfg(behaviour="sampler", precision="bfloat16")
+    assert "train.learner.behaviour: recompute" in str(e.value)
