@@ -263,7 +263,9 @@ def _point_row(root: Path, point: dict[str, Any], config: dict[str, Any] | None,
 
 # ----------------------------------------------------------------------------- public API
 def _root(path: str | Path) -> Path:
-    root = Path(path)
+    from analysis.records import as_folder  # records imports this module
+
+    root = as_folder(path)
     if not root.is_dir():
         raise AnalysisError(
             f"{root} is not a results folder: expected a directory written by "

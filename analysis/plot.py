@@ -46,6 +46,7 @@ from analysis.load import AnalysisError, load_curves, load_results
 from analysis.plot_axes import X_LABELS, clipped, details, too_tall, x_axis, ylim
 from analysis.plot_data import bands, has_budget, identical_to, smooth, x_positions
 from analysis.plot_style import BASELINE_GREY, LineStyle, handle, line_styles
+from analysis.records import as_folder
 from analysis.tasks import EPISODE_KEYS, TOKEN_KEYS, cumulative
 from harness.store import CORRUPT
 
@@ -458,5 +459,6 @@ def make_plots(
     """Write every figure of a results folder (default into <results>/plots).
     Returns {"evaluation": [png, svg], "training": [...], "diagnostics": [...]} (or curves_<metric>),
     and "probe" for a reward-hacking probe's held-out truth and exploit."""
+    path = as_folder(path)  # a records pack: its figures go into the unpacked folder unless out_dir says
     out = Path(out_dir) if out_dir else Path(path) / "plots"
     return {name: save(fig, out, name, formats) for name, fig in figures(path, metrics).items()}

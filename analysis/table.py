@@ -33,6 +33,7 @@ from analysis import sequential_table
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, VERDICT, Block, add_verdicts, build_block
 from analysis.intervals import Interval, seed_interval
 from analysis.load import SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
+from analysis.records import as_folder
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
 from analysis.sequential_table import add_sequential_verdicts, plan_of
 from analysis.table_text import (
@@ -448,7 +449,8 @@ def default_metrics(results: pd.DataFrame) -> tuple[str, ...]:
 
 
 def table_for(path: str | Path, metrics: list[str] | None = None, **kw) -> Table:
-    """Load a results folder (points, curves, per-task results) and build its table."""
+    """Load a results folder or a records pack (points, curves, per-task results) and build its table."""
+    path = as_folder(path)
     results = load_results(path)
     done = results[results["status"].isin(FINISHED)]
     curves = load_curves(path, results)

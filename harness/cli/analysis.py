@@ -1,6 +1,8 @@
 """`harness table`, `plot`, `report`: a results folder -> paper table, figures, page;
 `harness results-doc`: a results root -> docs/results.md;
-`harness check`: which points of a results folder hold damaged files.
+`harness check`: which points of a results folder hold damaged files;
+`harness diagnose`: which diagnostics predict the outcome, over any number of results folders;
+`harness records pack`: a sweep's records in one compact file that every command above reads.
 
 Plain functions plus `register(app)`, which `harness.cli.main` calls.
 `analysis` (pandas, seaborn) is imported inside the commands, keeping `harness --help` fast.
@@ -211,10 +213,65 @@ def check(
         raise typer.Exit(1)
 
 
+class Outcome(str, Enum):
+    sampled = "sampled"
+    greedy = "greedy"
+
+
+@_friendly
+def diagnose(
+    results: Annotated[
+        list[Path],
+        typer.Argument(help="Results folders of sweeps or records packs (<sweep>.records.jsonl.gz), any number."),
+    ],
+    outcome: Annotated[
+        Outcome, typer.Option("--outcome", help="Held-out success of which decoding: the outcome and the collapse.")
+    ] = Outcome.sampled,
+    figure: Annotated[
+        Path, typer.Option("--figure", help="Where to draw the figure (ρ and AUROC per diagnostic with intervals).")
+    ] = Path("diagnose.png"),
+    reps: Annotated[int, typer.Option("--reps", min=100, help="Bootstrap draws.")] = 1000,
+) -> None:
+    """Which logged diagnostics, read over the first 25% and 10% of updates, predict the final held-out
+    success (Spearman ρ, R² added beside the start) and a collapse (AUROC), with 95% intervals from a
+    bootstrap clustered by sweep and a leave-one-sweep-out check; the papers' claims as verdict rows."""
+    from analysis.diagnose_page import diagnose as run
+    from analysis.diagnose_page import save_figure, text_lines
+
+    dx = run(results, outcome.value, reps)
+    sys.stdout.write("\n".join(text_lines(dx)) + "\n")
+    print(f"wrote {save_figure(dx, figure)}", file=sys.stderr)
+
+
+records_app = typer.Typer(no_args_is_help=True, help="A sweep's per-point records in one compact file.")
+
+
+@records_app.command("pack")
+@_friendly
+def pack(
+    results: Annotated[list[Path], typer.Argument(help="Results folders of sweeps, e.g. results/clipping.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="The pack (one folder only; default <folder>.records.jsonl.gz).")
+    ] = None,
+) -> None:
+    """Write <sweep>.records.jsonl.gz beside each folder: the files that tables, figures, docs/results.md and
+    `harness diagnose` read (configs, per-update metrics, per-task evaluations, summaries), which all of
+    them then read in place of the folder. Checkpoints, adapters and sampled episode texts stay out."""
+    from analysis.load import AnalysisError
+    from analysis.records import pack as write
+
+    if out is not None and len(results) != 1:
+        raise AnalysisError("--out names one pack: give one results folder with it.")
+    for folder in results:
+        print(write(folder, out))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `table`, `plot`, `report`, `results-doc` and `check` to the harness CLI."""
+    """Add `table`, `plot`, `report`, `results-doc`, `check`, `diagnose` and `records` to the harness CLI."""
     app.command("table")(table)
     app.command("plot")(plot)
     app.command("report")(report)
     app.command("results-doc")(results_doc)
     app.command("check")(check)
+    app.command("diagnose")(diagnose)
+    app.add_typer(records_app, name="records")
