@@ -98,13 +98,28 @@ def table(
             "equivalence_margin, else 0.05).",
         ),
     ] = None,
+    components: Annotated[
+        bool,
+        typer.Option(
+            "--components",
+            help="Under a markdown table: each paired Δ's variance components (seed, task, residual), the "
+            "half-width at twice the seeds or tasks, and the Δ's interval without pairing by task or by seed.",
+        ),
+    ] = False,
 ) -> None:
     """Paper table: start, final, gain, Δ to the baseline (paired over seeds x tasks) and its verdict
     (Holm across the table's contrasts, equivalence within a margin), cost, MDE."""
     from analysis.table import render, table_for
 
+    if components and format is not TableFormat.markdown:
+        raise typer.BadParameter(f"--components prints a markdown section; drop --format {format.value} or it")
     t = table_for(results, metric or None, interval=interval.value, min_seeds=min_seeds, margin=margin)
     text = render(t, format.value)
+    if components:
+        from analysis.components import contrasts, report_lines
+
+        lead, found = contrasts(results, (metric or [None])[0])
+        text += "\n" + "\n".join(report_lines(found, lead)) + "\n"
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
