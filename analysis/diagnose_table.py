@@ -226,7 +226,8 @@ def stop_candidates(scores: list[Score]) -> list[Score]:
 
 def stop_check(df: pd.DataFrame, s: Score) -> str:
     """The rule 'stop when the diagnostic crosses t at the cut-off', t chosen on the other sweeps (the
-    largest hit minus false-alarm rate), applied to each held-out sweep: collapses caught, healthy runs
+    largest hit minus false-alarm rate, midway between two of their values; among ties the lowest, the
+    most sensitive), applied to each held-out sweep: collapses caught, healthy runs
     stopped wrongly, and the updates saved (the rest of every stopped run) out of all updates."""
     x, pos, clusters = feature(df, s.diagnostic, s.cut), df["collapsed"].to_numpy(bool), df["sweep"].to_numpy()
     updates = df["updates"].to_numpy(float)
@@ -235,11 +236,10 @@ def stop_check(df: pd.DataFrame, s: Score) -> str:
     for c in np.unique(clusters):
         train, test = clusters != c, clusters == c
         sign = 1.0 if auroc(x[train], pos[train]) >= 0.5 else -1.0
-        best = max(
-            (np.mean(sign * x[train & pos] >= sign * t) - np.mean(sign * x[train & ~pos] >= sign * t), t)
-            for t in x[train & np.isfinite(x)]
-        )
-        stop = test & np.isfinite(x) & (sign * x >= sign * best[1])
+        values = np.unique(sign * x[train & np.isfinite(x)])
+        cuts = (values[1:] + values[:-1]) / 2 if len(values) > 1 else values  # midway between neighbours
+        best = max((np.mean(sign * x[train & pos] >= t) - np.mean(sign * x[train & ~pos] >= t), -t) for t in cuts)
+        stop = test & np.isfinite(x) & (sign * x >= -best[1])
         caught += int((stop & pos).sum())
         wrong += int((stop & ~pos).sum())
         saved += float(((1 - s.cut) * updates)[stop].sum())
