@@ -1,0 +1,130 @@
+"""The A/A calibration (analysis.calibration) as text: `harness calibrate` prints it, docs/results.md
+puts it in the A/A sweep's section and quotes its headline in the findings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from analysis.calibration import Calibration, Chaos, Draws, Rate
+from analysis.intervals import FAMILY_ALPHA
+
+FINDING_PREFIX = "**A/A calibration of this harness.**"  # results_doc reads a kept finding back by it
+
+COLUMNS = (
+    ("family", "false better/worse, any contrast of the sweep"),
+    ("contrast", "false better/worse, per contrast (Holm)"),
+    ("single", "per contrast tested alone (α 0.05)"),
+    ("equivalent", "equivalent (correct here)"),
+    ("undetermined", "undetermined"),
+)
+
+
+def _cell(rates: dict[str, Rate], key: str) -> str:
+    return rates[key].text() if key in rates else "—"
+
+
+def rates_table(cal: Calibration) -> list[str]:
+    """One row per pseudo-sweep design: the share of draws (or contrasts) with each verdict."""
+    contrasts = len(cal.runs.arms) - 1
+    head = ["pseudo-sweeps", "draws", *(name for _, name in COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    rows = list(cal.fixed) + ([cal.sequential] if cal.sequential else [])
+    for d, r in rows:
+        label = f"{d.label}, {contrasts} contrasts"
+        if math.isfinite(d.seeds_used):
+            label += f" (mean {d.seeds_used:.1f} seeds a contrast)"
+        lines.append(f"| {label} | {len(d.members)} | " + " | ".join(_cell(r, k) for k, _ in COLUMNS) + " |")
+    return lines
+
+
+def _quantiles(x: np.ndarray) -> str:
+    if x.size == 0:
+        return "—"
+    q = np.quantile(x, [0.5, 0.9])
+    return f"{q[0]:.3f} / {q[1]:.3f} / {x.max():.3f}"
+
+
+def chaos_table(ch: Chaos, labels: dict[str, str]) -> list[str]:
+    """Per arm: |Δ| to the baseline of the task-mean score at each evaluated update (median / 90th
+    percentile / max over seed indices), and the correlation of the finals."""
+    updates = sorted({u for g in ch.gaps.values() for u in g})
+    head = ["arm", "seeds", *(f"\\|Δ\\| at update {u}" for u in updates), "r (final)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for arm, by_update in ch.gaps.items():
+        kind = "same train.seed" if ch.same_seed[arm] else "other seeds"
+        n = max((len(v) for v in by_update.values()), default=0)
+        cells = [_quantiles(by_update.get(u, np.array([]))) for u in updates]
+        r = f"{ch.corr[arm]:.2f}" if math.isfinite(ch.corr[arm]) else "—"
+        lines.append(f"| {labels.get(arm, arm)} ({kind}) | {n} | " + " | ".join(cells) + f" | {r} |")
+    return lines
+
+
+def _rate_at(cal: Calibration, key: str) -> list[tuple[Draws, Rate]]:
+    return [(d, r[key]) for d, r in cal.fixed if key in r]
+
+
+def markdown(cal: Calibration, labels: dict[str, str] | None = None) -> list[str]:
+    """The calibration section: what was drawn, the rates table, the chaos table, in words."""
+    labels = labels or {}
+    runs, ch = cal.runs, cal.chaos
+    arms = ", ".join(f"`{labels.get(a, a)}`" for a in runs.arms)
+    lines = [
+        f"A/A calibration (`harness calibrate`, analysis/calibration.py): {len(runs.arms)} arms ({arms}) that "
+        f"differ in nothing that changes the mathematics, {len(runs.index)} seed indices finished by every arm, "
+        f"metric `{runs.metric}`. Every contrast between them is null, so every better / worse verdict is false. "
+        f"Pseudo-sweeps draw k of the seed indices (the same for every arm) and one arm as the baseline at "
+        f"random, and go through the table's own interval and verdict code ({cal.draws} draws per k, numpy "
+        f"seed {cal.seed}). Intervals: 95% Wilson at the effective number of draws that a delete-one-seed "
+        "jackknife over the runs gives (pseudo-sweeps reuse the same runs; the interval covers which seeds were "
+        "run, not other configs or machines). The nominal rate of a false better/worse is at most "
+        f"{FAMILY_ALPHA:g} for a sweep (Holm over its contrasts) and {FAMILY_ALPHA:g} for a contrast tested alone.",
+        "",
+        *rates_table(cal),
+        "",
+    ]
+    if cal.sequential:
+        d, r = cal.sequential
+        lines += [
+            f"Re-reading the fixed-n table at every look of the same draws ({d.label.split('(')[1].rstrip(')')}) "
+            f"and stopping a contrast at its first better / worse, the misuse the seed budget replaces: "
+            f"{r['naive'].text()} of contrasts, {r['naive_family'].text()} of sweeps.",
+            "",
+        ]
+    lo, hi = ch.sigma_ci
+    lines += [
+        f"Spread that float rounding alone induces. Across independent seeds the baseline's final "
+        f"`{runs.metric}` has SD {ch.sigma_seed:.3f} [{lo:.3f}, {hi:.3f}] ({ch.seeds} seeds). Between runs of "
+        "the same train.seed whose updates are mathematically identical (same seed, same math, other rounding), "
+        "|Δ| of the task-mean score to the baseline, median / 90th percentile / max over seeds:",
+        "",
+        *chaos_table(ch, labels),
+        "",
+    ]
+    return lines
+
+
+def finding(cal: Calibration, sweep: str = "aa_calibration") -> str:
+    """The findings section's sentence: the measured false-verdict rates with their intervals."""
+    fam = "; ".join(f"{r.text()} at {d.label}" for d, r in _rate_at(cal, "family"))
+    single = "; ".join(f"{r.text()} at {d.label}" for d, r in _rate_at(cal, "single"))
+    seq = ""
+    if cal.sequential:
+        d, r = cal.sequential
+        seq = f"; under the seed budget's looks {r['family'].text()} of sweeps"
+        seq += f" (re-reading the fixed-n table at each look: {r['naive_family'].text()})"
+    same = [g[max(g)] for a, g in cal.chaos.gaps.items() if cal.chaos.same_seed[a] and g]
+    drift = ""
+    if same:
+        gaps = np.concatenate(same)
+        drift = (
+            f" Float rounding alone moves a seed's final by a median |Δ| of {np.median(gaps):.3f} (max "
+            f"{gaps.max():.3f}), against an SD of {cal.chaos.sigma_seed:.3f} across seeds."
+        )
+    return (
+        f"{FINDING_PREFIX} On [{sweep}](#{sweep}), {len(cal.runs.arms)} arms of one config ({len(cal.runs.index)} "
+        f"seeds each) whose contrasts are all null, pseudo-sweeps of {len(cal.runs.arms) - 1} contrasts got a false "
+        f"better / worse in {fam} (nominal ≤ {FAMILY_ALPHA:g}, 95% intervals over the runs){seq}; a contrast tested "
+        f"alone: {single}.{drift}"
+    )
