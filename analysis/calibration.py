@@ -26,12 +26,12 @@ the delete-one-seed jackknife over clusters, using for each deletion the draws t
 that seed; for U-statistics its variance errs on the large side (Efron & Stein 1981, Ann. Statist.
 9(3)). The finite number of draws adds noise to each leave-one-out mean, which the jackknife would
 count as variance due to the runs: `rate_var` takes its expected size out and adds the draws' own
-Monte Carlo variance instead. The 95% interval is Wilson's score
-interval with the effective number of draws this variance implies (Kish's n_eff = r (1 - r) /
-var), so that it stays inside [0, 1] and is not symmetric near 0. When no draw errs the variance is 0
-and says nothing: n_eff is then that of the single-test rate of the same draws (the most frequent
-event, with the same membership structure). What the interval covers: which 20 seeds were run; not
-other configs, environments or machines.
+Monte Carlo variance instead. The 95% interval is Wilson's score interval with the effective number
+of draws this variance implies (Kish's n_eff = r (1 - r) / var), so that it stays inside [0, 1] and
+is not symmetric near 0. When no draw errs the variance is 0 and says nothing: n_eff is then that of
+the single-test rate of the same draws (the most frequent event, with the same membership
+structure), else the number of pseudo-sweeps with disjoint seeds, n // k. What the interval
+covers: which seeds were run; not other configs, environments or machines.
 
 The spread that float rounding alone induces (`chaos`): runs of the same seed differ only in the
 rounding of a mathematically identical update; their per-seed |Δ| of the final metric, at every
@@ -266,13 +266,18 @@ def rate(values: np.ndarray, members: np.ndarray, fallback_neff: float | None = 
 
 
 def rates(d: Draws) -> dict[str, Rate]:
-    """Every outcome's rate; an outcome no draw shows borrows n_eff from the most frequent
-    error outcome of the same draws (the single test's, else the naive rule's, else any)."""
+    """Every outcome's rate. An outcome no draw shows (or every draw) borrows n_eff from the most
+    frequent error outcome of the same draws (the single test's, else the naive rule's, else any);
+    when none has one, n_eff is the number of pseudo-sweeps with disjoint seeds the runs hold
+    (n // k), the information of draws that share no run."""
     out = {name: rate(v, d.members) for name, v in d.outcomes.items()}
-    ref = next((out[k] for k in ("single", "naive", "contrast", "family") if k in out and 0 < out[k].value < 1), None)
+    keys = ("single", "naive", "contrast", "family", "equivalent", "undetermined")
+    ref = next((out[k].n_eff for k in keys if k in out and math.isfinite(out[k].n_eff)), None)
+    if ref is None:
+        ref = float(d.members.shape[1] // max(int(round(d.members.sum(axis=1).mean())), 1))
     for name, r in out.items():
-        if not math.isfinite(r.n_eff) and ref is not None:
-            out[name] = rate(d.outcomes[name], d.members, ref.n_eff)
+        if not math.isfinite(r.n_eff):
+            out[name] = rate(d.outcomes[name], d.members, ref)
     return out
 
 

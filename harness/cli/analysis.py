@@ -2,6 +2,7 @@
 `harness results-doc`: a results root -> docs/results.md;
 `harness check`: which points of a results folder hold damaged files;
 `harness diagnose`: which diagnostics predict the outcome, over any number of results folders;
+`harness calibrate`: the false-verdict rate of the table's rule, measured on an A/A sweep;
 `harness records pack`: a sweep's records in one compact file that every command above reads.
 
 Plain functions plus `register(app)`, which `harness.cli.main` calls.
@@ -258,6 +259,36 @@ def diagnose(
     print(f"wrote {save_figure(dx, figure)}", file=sys.stderr)
 
 
+@_friendly
+def calibrate(
+    results: Annotated[Path, typer.Argument(help="Results folder of an A/A sweep, e.g. results/aa_calibration.")],
+    seeds: Annotated[
+        str,
+        typer.Option("--seeds", help="Seeds per arm of the pseudo-sweeps, comma-separated (those <= the seeds run)."),
+    ] = "3,5,10",
+    draws: Annotated[int, typer.Option("--draws", min=50, help="Pseudo-sweeps per seed count.")] = 2000,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the draws (the output is deterministic).")] = 0,
+    metric: Annotated[
+        str | None, typer.Option("--metric", "-m", help="A final held-out metric (default: the sweep's own).")
+    ] = None,
+) -> None:
+    """The harness's false better / worse rate on a sweep whose arms change nothing (sweeps/aa_calibration.yaml):
+    pseudo-sweeps of k seeds drawn from its runs through the table's verdict code and the seed budget's looks,
+    with 95% intervals over the runs, and the spread that float rounding alone induces between runs of one seed."""
+    from analysis.calibration import calibrate as run
+    from analysis.calibration_text import finding, markdown
+    from analysis.load import AnalysisError
+
+    try:
+        counts = tuple(int(x) for x in seeds.split(",") if x.strip())
+    except ValueError:
+        raise AnalysisError(f"--seeds {seeds!r}: give whole numbers separated by commas, e.g. 3,5,10.") from None
+    if metric is not None and not metric.startswith("final/"):  # a metrics.jsonl key means its final value
+        metric = f"final/{metric}"
+    cal = run(results, counts, draws, seed, metric)
+    sys.stdout.write("\n".join(markdown(cal) + [finding(cal)]) + "\n")
+
+
 records_app = typer.Typer(no_args_is_help=True, help="A sweep's per-point records in one compact file.")
 
 
@@ -282,11 +313,12 @@ def pack(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `table`, `plot`, `report`, `results-doc`, `check`, `diagnose` and `records` to the harness CLI."""
+    """Add `table`, `plot`, `report`, `results-doc`, `check`, `diagnose`, `calibrate` and `records` to the CLI."""
     app.command("table")(table)
     app.command("plot")(plot)
     app.command("report")(report)
     app.command("results-doc")(results_doc)
     app.command("check")(check)
     app.command("diagnose")(diagnose)
+    app.command("calibrate")(calibrate)
     app.add_typer(records_app, name="records")

@@ -138,3 +138,19 @@ def test_calibrate_and_its_text_on_a_results_folder(tmp_path):
     assert text.startswith(FINDING_PREFIX) and cal.fixed[0][1]["family"].text() in text
     again = calibrate(tmp_path / "aa", seed_counts=(3, 5), draws=40)
     assert finding(again) == text  # deterministic
+
+
+def test_cli_prints_the_calibration_and_refuses_bad_input(tmp_path):
+    import subprocess
+    import sys
+
+    folder = make_aa_sweep(tmp_path / "aa", seeds=5, tasks=8)
+
+    def harness(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=tmp_path)
+
+    res = harness("calibrate", str(folder), "--seeds", "3", "--draws", "60")
+    assert res.returncode == 0, res.stderr
+    assert "| 3 seeds, 2 contrasts | 60 |" in res.stdout and FINDING_PREFIX in res.stdout
+    bad = harness("calibrate", str(folder), "--seeds", "three")
+    assert bad.returncode == 2 and "--seeds 'three'" in bad.stderr

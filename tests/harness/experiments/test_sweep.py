@@ -268,3 +268,44 @@ def test_manifest_lists_the_options_that_keep_the_held_out_tasks():
     manifest = load_sweep(repo / "sweeps" / "sokoban_deadlock.yaml").manifest()
     assert manifest["task_neutral"] == ["env.options.deadlock", "env.options.deadlock_penalty"]
     assert "task_neutral" not in load_sweep(repo / "sweeps" / "clipping.yaml").manifest()
+
+
+def test_seed_offset_runs_a_variant_on_other_seeds_and_changes_nothing_else(tmp_path):
+    body = """
+name: t
+base: base.yaml
+points:
+  - {label: a}
+  - {label: a-again, seed_offset: 1000}
+  - {label: b, turns.max: 6}
+seeds: [0, 1]
+baseline: a
+"""
+    sweep = load_sweep(write_sweep(tmp_path, body))
+    seeds = {v: [p.seed for p in sweep.points if p.variant == v] for v in ("a", "a-again", "b")}
+    assert seeds == {"a": [0, 1], "a-again": [1000, 1001], "b": [0, 1]}
+    assert all(p.config.train.seed == p.seed for p in sweep.points)
+    again = [p for p in sweep.points if p.variant == "a-again"]
+    assert [p.id.split("__")[1] for p in again] == ["seed=1000", "seed=1001"]
+    assert "seed_offset" not in sweep.axes and "seed_offset" not in str([p.overrides for p in sweep.points])
+    variants = {v["variant"]: v for v in sweep.manifest()["variants"]}
+    assert variants["a-again"]["seed_offset"] == 1000 and "seed_offset" not in variants["a"]
+    # without the offset the same points as a sweep of the other two: ids do not move
+    plain = load_sweep(write_sweep(tmp_path, body.replace("  - {label: a-again, seed_offset: 1000}\n", "")))
+    assert [p.id for p in plain.points] == [p.id for p in sweep.points if p.variant != "a-again"]
+
+
+@pytest.mark.parametrize(
+    "point, seeds, expected",
+    [
+        ("{label: c}", "[0, 1]", "give one a seed_offset"),  # the same config twice on the same seeds
+        ("{label: c, seed_offset: -1}", "[0, 1]", "seed_offset = -1 must be a whole number >= 0"),
+        ("{label: c, seed_offset: 1.5}", "[0, 1]", "must be a whole number"),
+        ("{label: c, seed_offset: 4294967295}", "[0, 1]", "out of range"),
+        ("{label: c, seed_offset: 1000}", "{start: 2, step: 1, max: 3}", "seed budget"),
+    ],
+)
+def test_seed_offset_errors(tmp_path, point, seeds, expected):
+    body = f"name: t\nbase: base.yaml\npoints:\n  - {{label: a}}\n  - {point}\nseeds: {seeds}\nbaseline: a\n"
+    with pytest.raises(ConfigError, match=expected):
+        load_sweep(write_sweep(tmp_path, body))
