@@ -4,11 +4,13 @@ puts it in the A/A sweep's section and quotes its headline in the findings."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
-from analysis.calibration import Calibration, Chaos, Draws, Rate
+from analysis.calibration import Calibration, Chaos, Draws, Rate, calibrate
 from analysis.intervals import FAMILY_ALPHA
+from analysis.load import AnalysisError
 
 FINDING_PREFIX = "**A/A calibration of this harness.**"  # results_doc reads a kept finding back by it
 
@@ -128,3 +130,16 @@ def finding(cal: Calibration, sweep: str = "aa_calibration") -> str:
         f"better / worse in {fam} (nominal ≤ {FAMILY_ALPHA:g}, 95% intervals over the runs){seq}; a contrast tested "
         f"alone: {single}.{drift}"
     )
+
+
+PAGE_DRAWS = 2000  # pseudo-sweeps per seed count on docs/results.md (a quarter as many sequential ones)
+
+
+def page_lines(folder: Path) -> list[str]:
+    """The A/A sweep's calibration for its section of docs/results.md, ending with the findings
+    sentence (results_doc quotes the line that starts with FINDING_PREFIX in the findings)."""
+    try:
+        cal = calibrate(folder, draws=PAGE_DRAWS)
+    except AnalysisError as e:
+        return [f"No A/A calibration: {e}", ""]
+    return markdown(cal) + [finding(cal, Path(folder).name), ""]

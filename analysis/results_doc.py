@@ -20,6 +20,8 @@ regenerated one sweep at a time without losing the others. The same holds for a 
 when its Optuna storage is absent, and for a kept sweep's place in the sentences on shared baseline
 runs (each section with results carries its baseline run's config hashes in a hidden line) and for its
 contrasts in the page-wide correction (another hidden line holds their exact intervals).
+The A/A sweep (analysis.calibration.SWEEP) gets its calibration under its table, and the findings
+quote its measured false-verdict rate (from that section, kept with it when the sweep is absent).
 Paths are shown relative to the working directory (a results root elsewhere by its own name), so no
 page names a folder of the machine that built it.
 """
@@ -36,6 +38,8 @@ from pathlib import Path
 import yaml
 
 from analysis import family, findings, transfer
+from analysis.calibration import SWEEP as CALIBRATION_SWEEP
+from analysis.calibration_text import FINDING_PREFIX, page_lines
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.render import to_markdown
@@ -184,6 +188,8 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
         t = table_for(folder, metrics=[metric], margin=sf.margin)
         lines += [to_markdown(t, footer=False, shared_legend=True).rstrip(), ""]
     sec.lines += lines
+    if sf.name == CALIBRATION_SWEEP:  # the harness's own false-verdict rate, measured on its A/A runs
+        sec.lines += page_lines(folder)
     try:
         pngs = make_plots(folder, out_dir=figures / sf.name, formats=("png",))
     except AnalysisError as e:
@@ -341,7 +347,9 @@ def _findings(
     # recomputed, and a kept section without the line drops out of it until its sweep is re-run too
     blind = {s.sf.name for s in sections if s.kept and not s.baseline_run and not s.sf.study}
     shared += [line for line, names in previous if set(names) <= blind]
-    return lines + findings.markdown(rows) + ([""] + shared if shared else []) + [""]
+    calibrated = [line for s in sections for line in s.lines if line.startswith(FINDING_PREFIX)]
+    tail = ([""] + shared if shared else []) + ([""] + calibrated if calibrated else [])
+    return lines + findings.markdown(rows) + tail + [""]
 
 
 def _contents(sections: list[Section], parts: list[str]) -> list[str]:

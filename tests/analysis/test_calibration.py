@@ -154,3 +154,24 @@ def test_cli_prints_the_calibration_and_refuses_bad_input(tmp_path):
     assert "| 3 seeds, 2 contrasts | 60 |" in res.stdout and FINDING_PREFIX in res.stdout
     bad = harness("calibrate", str(folder), "--seeds", "three")
     assert bad.returncode == 2 and "--seeds 'three'" in bad.stderr
+
+
+def test_the_results_page_quotes_the_measured_rate_and_keeps_it_with_the_section(tmp_path, monkeypatch):
+    import shutil
+
+    from analysis import calibration_text
+    from analysis.results_doc import write_results_doc
+
+    monkeypatch.setattr(calibration_text, "PAGE_DRAWS", 60)  # fewer pseudo-sweeps than the page's, same code
+    root, sweeps, out = tmp_path / "results", tmp_path / "sweeps", tmp_path / "docs" / "results.md"
+    make_aa_sweep(root / "aa_calibration", seeds=6, tasks=8)
+    sweeps.mkdir()
+    (sweeps / "aa_calibration.yaml").write_text("name: aa_calibration\n")
+    text = write_results_doc(root, out, sweeps).read_text()
+    findings, section = text.split("\n## Contents\n")[0], text.split("\n## aa_calibration\n")[1]
+    quoted = [line for line in findings.splitlines() if line.startswith(FINDING_PREFIX)]
+    assert len(quoted) == 1 and quoted[0] in section  # the sentence under the sweep's table, quoted above
+    assert "| 3 seeds, 2 contrasts | 60 |" in section and "r (final)" in section
+    shutil.rmtree(root / "aa_calibration")
+    kept = write_results_doc(root, out, sweeps).read_text()  # the sweep is gone: its section is kept
+    assert "_Kept from the previous version" in kept and quoted[0] in kept.split("\n## Contents\n")[0]
