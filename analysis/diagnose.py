@@ -70,7 +70,7 @@ DIAGNOSTICS = (
     Diagnostic("zero-variance groups", "env/zero_var_group_frac", "mean", "RAGEN, DAPO"),
     Diagnostic("sampler-trainer mismatch", "diag/logprob_mismatch", "mean", "rollout-training mismatch"),
     Diagnostic("mismatch k3", "diag/mismatch_k3", "mean", "rollout-training mismatch"),
-    Diagnostic("|advantage|", "diag/adv_abs_mean", "mean", "advantage statistics"),
+    Diagnostic("mean abs advantage", "diag/adv_abs_mean", "mean", "advantage statistics"),
     Diagnostic("grad norm", "diag/grad_norm", "mean", "gradient statistics"),
     Diagnostic("grad norm max", "diag/grad_norm", "max", "gradient statistics"),
     Diagnostic("SAMPO kept fraction", "diag/seq_mask_kept_frac", "mean", "ARLArena (SAMPO)"),

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from analysis.diagnose import CUTS, FALL, Z_COLLAPSE, pooled_points  # noqa: E402
+from analysis.diagnose import CUTS, FALL, MODES, Z_COLLAPSE, pooled_points  # noqa: E402
 from analysis.diagnose_table import (  # noqa: E402
     MIN_POINTS,
     REPS,
@@ -34,7 +34,6 @@ from harness.store import is_sweep_dir  # noqa: E402
 
 TITLE = "Which diagnostics to watch"
 NOTES = "_diagnostics.md"
-FIGURE = "which_diagnostics.png"
 COLLAPSE_TEXT = (
     f"Collapse: the run diverged, or its final held-out success is below its start by at least {FALL:g} "
     f"and by more than noise (paired z ≤ −{Z_COLLAPSE:g} over the same held-out episodes)."
@@ -69,7 +68,7 @@ def text_lines(dx: Diagnosis) -> list[str]:
 def figure(dx: Diagnosis) -> Figure:
     """ρ with the final success (left) and AUROC for a collapse (right), one line per diagnostic logged
     in enough runs, filled marker = first 25%, hollow = first 10%, bars = 95% clustered bootstrap."""
-    names = [s.diagnostic.name for s in dx.scores if s.cut == CUTS[0] and s.points >= MIN_POINTS]
+    names = [s.diagnostic.name for s in dx.scores if s.cut == CUTS[0] and s.points >= MIN_POINTS and not s.constant]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.32 * max(len(names), 4) + 1.4), sharey=True)
     for ax, field, centre, title in (
         (axes[0], "rho", 0.0, "Spearman ρ with final held-out success"),
@@ -97,7 +96,8 @@ def figure(dx: Diagnosis) -> Figure:
         plt.Line2D([], [], marker="o", color="#E69F00", mfc="white", label="first 10%"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(f"{len(dx.runs)} runs, {dx.runs['sweep'].nunique()} sweep(s), 95% CI clustered by sweep", fontsize=10)
+    where = f"{len(dx.runs)} runs, {dx.runs['sweep'].nunique()} sweep(s), outcome eval_{dx.mode}"
+    fig.suptitle(f"{where}; 95% CI of a bootstrap clustered by sweep", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     return fig
 
@@ -123,22 +123,26 @@ def records_under(root: Path) -> list[Path]:
 
 
 def section(root: Path, out: Path, figures: Path, notes: Path, shown) -> list[str]:
-    """The lines of the section: the command, the table at both cut-offs, the claims, the stop rule,
-    the figure, and the hand-written notes (notes/_diagnostics.md) verbatim."""
+    """The lines of the section: for each outcome (sampled, then greedy decoding) the command, the
+    table at both cut-offs, the claims, the stop rule and the figure; then the hand-written notes
+    (notes/_diagnostics.md) verbatim."""
     lines = [f"## {TITLE}", ""]
     paths = [p for p in records_under(root) if _has_runs(p)]
     if not paths:
         return lines + [f"No results under `{shown(root)}` to test the diagnostics on.", ""]
-    command = "harness diagnose " + " ".join(shown(p) for p in paths)
-    try:
-        dx = diagnose(paths)
-    except AnalysisError as e:
-        return lines + [f"`{command}` failed: {e}", ""]
-    png = save_figure(dx, figures / "diagnose" / FIGURE)
-    lines += [f"- Command: `{command}`", "- Outcome and collapse: " + COLLAPSE_TEXT, ""]
-    body = text_lines(dx)
-    lines += body[:2] + body[3:]  # the outcome line is the bullet above
-    lines += [f"![{TITLE}]({Path(os.path.relpath(png, out.parent)).as_posix()})", ""]
+    lines += ["Each run counts once, read over its first 25% and 10% of updates. " + COLLAPSE_TEXT, ""]
+    for mode in MODES:
+        command = f"harness diagnose {' '.join(shown(p) for p in paths)} --outcome {mode}"
+        lines += [f"### Outcome: held-out success, {mode} decoding", "", f"- Command: `{command}`", ""]
+        try:
+            dx = diagnose(paths, mode)
+        except AnalysisError as e:
+            lines += [f"It failed: {e}", ""]
+            continue
+        png = save_figure(dx, figures / "diagnose" / f"which_diagnostics_{mode}.png")
+        body = text_lines(dx)
+        lines += body[:2] + body[3:]  # the outcome line is the bullet above
+        lines += [f"![{TITLE}, {mode}]({Path(os.path.relpath(png, out.parent)).as_posix()})", ""]
     note = notes / NOTES
     if note.is_file():
         lines += ["### What this says", "", note.read_text(encoding="utf-8").strip(), ""]

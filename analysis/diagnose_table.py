@@ -28,7 +28,8 @@ from analysis.predictive import (
 REPS = 1000
 MIN_POINTS = 4  # fewer runs with a value: the row says "not logged" instead of a number
 SUPPORTED, CONTRADICTED, UNDETERMINED = "supported", "contradicted", "undetermined"
-GOOD_AUROC = 0.75  # what a stop rule needs out of sample (held-out AUROC), and its interval above 0.5
+GOOD_AUROC = 0.75  # what a stop rule needs out of sample (held-out AUROC), and its interval clear of 0.5
+SHIP_FOLDS = 3  # held-out sweeps (each with collapsed and healthy runs) before a rule is worth shipping
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def mi_claim(df: pd.DataFrame, scale: str, reps: int = REPS) -> Claim:
     cut = CUTS[0]
     mi, ent = feature(df, _by_name("MI estimate"), cut), feature(df, _by_name("entropy"), cut)
     y, _, _, clusters = _arrays(df)
-    text = "MI proxy predicts final success better than entropy (|ρ_MI| − |ρ_entropy|, first 25%)"
+    text = "MI proxy predicts final success better than entropy (abs ρ_MI − abs ρ_entropy, first 25%)"
     both = np.isfinite(mi) & np.isfinite(ent)
     if both.sum() < MIN_POINTS:
         why = f"MI proxy logged in {int(np.isfinite(mi).sum())} of {len(df)} runs (train.mi_every = 0 in the rest)"
@@ -183,6 +184,7 @@ def precedes_claim(df: pd.DataFrame, at: str, text: str, source: str, scale: str
 
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     rates = f"hits {int(hit[pos].sum())}/{n_pos}, false alarms {int(fired[~pos].sum())}/{n_neg}"
+    rates += "" if fired.any() else " (it fired in no run)"
     if n_pos < 2 or n_neg < 2:
         return Claim(text, source, f"{rates}: too few collapses to test", UNDETERMINED, scale)
     lead = when[pos & hit] - flag[pos & hit]
@@ -212,15 +214,16 @@ def claim_lines(found: list[Claim]) -> list[str]:
 
 # ----------------------------------------------------------------------------- early stop
 def stop_candidates(scores: list[Score]) -> list[Score]:
-    """Diagnostics good enough out of sample to base a stop rule on: held-out AUROC >= GOOD_AUROC in at
-    least two folds, all of them agreeing, and the pooled interval above 0.5."""
+    """Diagnostics good enough out of sample to consider for a stop rule: held-out AUROC >= GOOD_AUROC
+    in at least two folds, all of them agreeing, and the pooled interval clear of 0.5. Shipping one
+    takes SHIP_FOLDS held-out sweeps (stop_lines says which candidates fall short)."""
     return [
         s
         for s in scores
         if s.auc_loso.folds >= 2
         and s.auc_loso.agree == s.auc_loso.folds
         and s.auc_loso.value >= GOOD_AUROC
-        and s.auc.low > 0.5
+        and (s.auc.low > 0.5 or s.auc.high < 0.5)  # either direction: leave-one-out orients it
     ]
 
 
@@ -256,9 +259,14 @@ def stop_lines(df: pd.DataFrame, scores: list[Score]) -> list[str]:
         return [
             "No early-stop rule: no diagnostic predicts a collapse out of sample (a held-out AUROC of at "
             f"least {GOOD_AUROC} in two or more left-out sweeps, every one agreeing, and a pooled interval "
-            "above 0.5). `train.stop_on` is not offered; the echo-trap stop RAGEN uses stays available as "
+            "clear of 0.5). `train.stop_on` is not offered; the echo-trap stop RAGEN uses stays available as "
             "`train.early_stop_on_collapse`, untested here."
         ]
-    return ["Candidates for an early-stop rule, checked on held-out sweeps:", ""] + [
-        f"- {stop_check(df, s)}" for s in found
-    ]
+    lines = ["Candidates for an early-stop rule, checked on held-out sweeps:", ""]
+    for s in found:
+        short = s.auc_loso.folds < SHIP_FOLDS
+        why = f" (not enough: held out in {s.auc_loso.folds} sweeps with both outcomes, {SHIP_FOLDS} needed)"
+        lines.append(f"- {stop_check(df, s)}{why if short else ''}")
+    if all(s.auc_loso.folds < SHIP_FOLDS for s in found):
+        lines += ["", "No candidate has been held out in enough sweeps: `train.stop_on` is not offered."]
+    return lines

@@ -8,7 +8,8 @@ correction across every contrast the page publishes, analysis.family) and which 
 a table of contents; the transfer table where docs/results_notes/_transfer.yaml exists (a
 contrast on the tiny model beside the same contrast on a real model, analysis.transfer);
 docs/results_notes/_intro.md and _limits.md (the limits of the regime);
-"How to read the tables", the legend every table shares, stated once; then one section per sweep
+"How to read the tables", the legend every table shares, stated once; "Which diagnostics to watch"
+(analysis.diagnose_page: every sweep's runs under the root pooled); then one section per sweep
 file under `sweeps` (Optuna studies are listed, not tabulated): the command line that produced the
 results, the seeds and the code version (from the points' summary.json), the status of its points,
 the table (analysis.table, with the short caption), the figures (PNG under docs/figures/<sweep>/,
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import family, findings, transfer
+from analysis import diagnose_page, family, findings, transfer
 from analysis.calibration import SWEEP as CALIBRATION_SWEEP
 from analysis.calibration_text import FINDING_PREFIX, page_lines
 from analysis.load import AnalysisError, load_results
@@ -392,6 +393,7 @@ def write_results_doc(
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]
     parts = ([transfer.TITLE] if moved is not None else []) + [t for t, _ in front] + ["How to read the tables"]
+    parts.append(diagnose_page.TITLE)
     lines += _contents(sections, parts)
     if moved is not None:
         lines += transfer.lines(moved, moved_rows, rows)
@@ -399,6 +401,7 @@ def write_results_doc(
         lines += [f"## {title}", "", path.read_text(encoding="utf-8").strip(), ""]
     items = [*legend("pm"), PAGE_LEGEND]
     lines += ["## How to read the tables", "", READING.rstrip(), ""] + [f"- {item}" for item in items] + [""]
+    lines += diagnose_page.section(root, out, figures, notes, shown)  # every sweep's runs, pooled
     for sec in sections:
         lines += sec.lines + ["### Notes", "", _notes(notes, sec.sf.name), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
