@@ -5,6 +5,7 @@ not, the claims' verdicts, the stop-rule check, and the command on small records
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,8 +115,6 @@ def test_a_run_in_two_sweeps_counts_once(tmp_path: Path):
     a = make_sweep(tmp_path, "a", seed=0)
     b = tmp_path / "b"
     b.mkdir()
-    import shutil
-
     shutil.copytree(a / "run00__seed=0", b / "run00__seed=0")
     assert len(pooled_points([a, b])) == 12
 
@@ -147,3 +146,21 @@ def test_cli_bad_input_is_one_message_naming_the_path(tmp_path: Path):
         assert str(folder) in res.stderr and words in res.stderr
     with pytest.raises(AnalysisError, match="no results given"):
         pooled_points([])
+
+
+def test_page_section_pools_folders_and_packs_under_the_root(tmp_path: Path):
+    from analysis.diagnose_page import TITLE, section
+    from analysis.records import pack
+
+    root = tmp_path / "results"
+    make_sweep(root, "a", seed=0)
+    shutil.rmtree(pack(make_sweep(root, "b", seed=1)).with_name("b"))  # only its pack is left
+    (root / "empty").mkdir()  # no runs: left out of the section, not an error
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "_diagnostics.md").write_text("Hand-written.")
+    figures, out = tmp_path / "docs" / "figures", tmp_path / "docs" / "results.md"
+    text = "\n".join(section(root, out, figures, notes, lambda p: Path(p).name))
+    assert text.startswith(f"## {TITLE}") and "`harness diagnose a b.records.jsonl.gz --outcome sampled`" in text
+    assert "Runs: 24 from 2 sweep(s)" in text and text.rstrip().endswith("Hand-written.")
+    assert (figures / "diagnose" / "which_diagnostics_greedy.png").is_file()
