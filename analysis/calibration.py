@@ -56,15 +56,16 @@ from analysis.intervals import (
     unpaired_interval,
     verdicts,
 )
-from analysis.load import AnalysisError, load_results
+from analysis.load import AnalysisError, load_results, read_metrics_rows
 from analysis.records import as_folder
 from analysis.sequential import Plan, replay
 from analysis.tasks import load_tasks, matrix, task_metric, task_scores
-from harness.store import FINISHED
+from harness.store import FINISHED, METRICS
 
 SWEEP = "aa_calibration"  # the shipped A/A sweep (results_doc adds its calibration to the page)
 SEED_COUNTS = (3, 5, 10)  # seeds per arm of the pseudo-sweeps: what users run
 SEQUENTIAL = Plan(start=3, step=2, max=15)  # the seed budget of docs/user-guide.md#sequential-seeds
+KINDS = ("paired", "unpaired")  # contrasts of two arms on the same train.seed (paired by seed), or not
 Z95 = float(stats.norm.ppf(0.975))
 
 
@@ -80,6 +81,17 @@ class Runs:
     curves: dict[str, dict[int, pd.Series]]  # arm -> seed index -> task-mean score by update (finished runs)
     metric: str
     margin: float = DEFAULT_MARGIN
+    rollouts: dict[str, dict[int, dict[int, tuple]]] = field(default_factory=dict)  # arm -> index -> update -> ROLLOUT
+
+
+# what a training update's rollouts give in metrics.jsonl: equal exactly while two runs sample the same episodes
+ROLLOUT = ("env/success", "env/return", "env/turns", "env/action_tokens", "perf/rollout_tokens")
+
+
+def _rollouts(path: Path) -> dict[int, tuple]:
+    """update -> the ROLLOUT values of that update's training rollouts (updates >= 1)."""
+    rows = read_metrics_rows(path / METRICS)
+    return {int(r["update"]): tuple(r.get(k) for k in ROLLOUT) for r in rows if r.get("update", 0) >= 1}
 
 
 def load_runs(path: str | Path, metric: str | None = None) -> Runs:
@@ -99,6 +111,7 @@ def load_runs(path: str | Path, metric: str | None = None) -> Runs:
     baseline = str(results.loc[results["is_baseline"], "cell"].iloc[0]) if results["is_baseline"].any() else arms[0]
     ids: dict[str, dict[int, str]] = {a: {} for a in arms}
     curves: dict[str, dict[int, pd.Series]] = {a: {} for a in arms}
+    rollouts: dict[str, dict[int, dict[int, tuple]]] = {a: {} for a in arms}
     for _, r in done.iterrows():
         frame = scores.frames.get(r["point"])
         if frame is None or pd.isna(r["seed"]):
@@ -106,6 +119,7 @@ def load_runs(path: str | Path, metric: str | None = None) -> Runs:
         i = int(r["seed"]) - offsets.get(r["cell"], 0)
         ids[r["cell"]][i] = r["point"]
         curves[r["cell"]][i] = frame.dropna(how="all").mean(axis=1)
+        rollouts[r["cell"]][i] = _rollouts(folder / r["point"])
     index = sorted(set.intersection(*(set(v) for v in ids.values()))) if arms else []
     if len(arms) < 2 or len(index) < 2:
         raise AnalysisError(
@@ -119,7 +133,8 @@ def load_runs(path: str | Path, metric: str | None = None) -> Runs:
     n = len(index)
     final = {a: grid[j * n : (j + 1) * n] for j, a in enumerate(arms)}
     margin = meta.raw.get("equivalence_margin") or DEFAULT_MARGIN
-    return Runs(arms, baseline, {a: offsets.get(a, 0) for a in arms}, index, final, curves, metric, float(margin))
+    offsets = {a: offsets.get(a, 0) for a in arms}
+    return Runs(arms, baseline, offsets, index, final, curves, metric, float(margin), rollouts)
 
 
 # ----------------------------------------------------------------------------- one pseudo-sweep
@@ -151,12 +166,15 @@ def fixed_draws(runs: Runs, k: int, draws: int, rng: np.random.Generator) -> Dra
     if not 2 <= k <= n:
         raise AnalysisError(f"pseudo-sweeps of {k} seeds need 2 <= k <= {n}, the seeds every arm finished.")
     members = np.zeros((draws, n), dtype=bool)
-    out = {name: np.zeros(draws) for name in ("family", "contrast", "single", "equivalent", "undetermined")}
+    names = ("family", "contrast", "single", "equivalent", "undetermined")
+    out = {name: np.zeros(draws) for name in names}
+    out.update({f"{name}_{kind}": np.full(draws, np.nan) for name in ("single", "equivalent") for kind in KINDS})
     for r in range(draws):
         rows = rng.choice(n, size=k, replace=False)
         members[r, rows] = True
         base = runs.arms[rng.integers(len(runs.arms))]
-        ivs = [contrast(runs, a, base, rows) for a in runs.arms if a != base]
+        arms = [a for a in runs.arms if a != base]
+        ivs = [contrast(runs, a, base, rows) for a in arms]
         words = [w for w, _ in verdicts(ivs, runs.margin)]
         alone = [verdicts([iv], runs.margin)[0][0] for iv in ivs]  # each contrast as a table's only one
         out["family"][r] = float(_false(words).any())
@@ -164,6 +182,11 @@ def fixed_draws(runs: Runs, k: int, draws: int, rng: np.random.Generator) -> Dra
         out["single"][r] = _false(alone).mean()
         out["equivalent"][r] = np.mean([w == "equivalent" for w in words])
         out["undetermined"][r] = np.mean([w in ("undetermined", "degenerate") for w in words])
+        for kind in KINDS:  # the same, apart for contrasts on the baseline's seeds and on other seeds
+            mine = [i for i, a in enumerate(arms) if (runs.offsets[a] == runs.offsets[base]) == (kind == "paired")]
+            if mine:
+                out[f"single_{kind}"][r] = _false([alone[i] for i in mine]).mean()
+                out[f"equivalent_{kind}"][r] = np.mean([words[i] == "equivalent" for i in mine])
     return Draws(f"{k} seeds", members, out)
 
 
@@ -254,7 +277,12 @@ def rate_var(values: np.ndarray, members: np.ndarray) -> float:
 
 
 def rate(values: np.ndarray, members: np.ndarray, fallback_neff: float | None = None) -> Rate:
-    """The mean of `values` over draws with its 95% interval (module docstring)."""
+    """The mean of `values` over draws with its 95% interval (module docstring); NaN values (a draw
+    without the kind of contrast the outcome counts) are left out."""
+    keep = ~np.isnan(values)
+    values, members = values[keep], members[keep]
+    if not values.size:
+        return Rate(math.nan, math.nan, math.nan, 0.0, 0, math.nan)
     p = float(np.mean(values))
     var = rate_var(values, members)
     if 0 < p < 1 and var > 0:
@@ -295,6 +323,13 @@ class Chaos:
     gaps: dict[str, dict[int, np.ndarray]]
     same_seed: dict[str, bool]
     corr: dict[str, float]  # Pearson r of the final metric between arm and baseline over seed indices
+    diverged: dict[str, list[int | None]] = field(default_factory=dict)  # same-seed arms: first differing update
+
+
+def first_difference(a: dict[int, tuple], b: dict[int, tuple]) -> int | None:
+    """The first update whose training rollouts differ between two runs of one seed (ROLLOUT), None
+    when every update both logged agrees."""
+    return next((u for u in sorted(set(a) & set(b)) if a[u] != b[u]), None)
 
 
 def chaos(runs: Runs) -> Chaos:
@@ -310,7 +345,7 @@ def chaos(runs: Runs) -> Chaos:
         if n > 1
         else (math.nan, math.nan)
     )
-    gaps, same, corr = {}, {}, {}
+    gaps, same, corr, diverged = {}, {}, {}, {}
     for arm in runs.arms:
         if arm == runs.baseline:
             continue
@@ -322,10 +357,14 @@ def chaos(runs: Runs) -> Chaos:
                 by_update.setdefault(int(u), []).append(abs(float(v)))
         gaps[arm] = {u: np.array(v) for u, v in sorted(by_update.items())}
         same[arm] = runs.offsets[arm] == runs.offsets[runs.baseline]
+        if same[arm] and runs.rollouts:
+            mine, theirs = runs.rollouts.get(arm, {}), runs.rollouts.get(runs.baseline, {})
+            logged = [i for i in common if mine.get(i) and theirs.get(i)]  # both logged their rollouts
+            diverged[arm] = [first_difference(mine[i], theirs[i]) for i in logged]
         a = np.array([runs.curves[arm][i].iloc[-1] for i in common])
         b = np.array([base[i].iloc[-1] for i in common])
         corr[arm] = float(np.corrcoef(a, b)[0, 1]) if len(common) > 2 and a.std() > 0 and b.std() > 0 else math.nan
-    return Chaos(sd, ci, n, gaps, same, corr)
+    return Chaos(sd, ci, n, gaps, same, corr, diverged)
 
 
 # ----------------------------------------------------------------------------- the whole calibration

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.calibration import Calibration, Chaos, Draws, Rate, calibrate
+from analysis.calibration import KINDS, Calibration, Chaos, Draws, Rate, calibrate
 from analysis.intervals import FAMILY_ALPHA
 from analysis.load import AnalysisError
 
@@ -24,7 +24,7 @@ COLUMNS = (
 
 
 def _cell(rates: dict[str, Rate], key: str) -> str:
-    return rates[key].text() if key in rates else "—"
+    return rates[key].text() if key in rates and math.isfinite(rates[key].value) else "—"
 
 
 def rates_table(cal: Calibration) -> list[str]:
@@ -48,18 +48,41 @@ def _quantiles(x: np.ndarray) -> str:
     return f"{q[0]:.3f} / {q[1]:.3f} / {x.max():.3f}"
 
 
+def _diverged(updates: list[int | None]) -> str:
+    """'18 / 27 / 30 (2 never)': median / min / max of the first differing update, and runs that never differ."""
+    seen = [u for u in updates if u is not None]
+    never = len(updates) - len(seen)
+    if not seen:
+        return f"never ({never} runs)" if never else "—"
+    text = f"{np.median(seen):g} / {min(seen)} / {max(seen)}"
+    return text + (f" ({never} never)" if never else "")
+
+
 def chaos_table(ch: Chaos, labels: dict[str, str]) -> list[str]:
     """Per arm: |Δ| to the baseline of the task-mean score at each evaluated update (median / 90th
-    percentile / max over seed indices), and the correlation of the finals."""
+    percentile / max over seed indices), the correlation of the finals and, for an arm on the
+    baseline's seeds, the first update whose training rollouts differ (median / min / max)."""
     updates = sorted({u for g in ch.gaps.values() for u in g})
-    head = ["arm", "seeds", *(f"\\|Δ\\| at update {u}" for u in updates), "r (final)"]
+    head = ["arm", "seeds", *(f"\\|Δ\\| at update {u}" for u in updates), "r (final)", "rollouts differ from update"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm, by_update in ch.gaps.items():
         kind = "same train.seed" if ch.same_seed[arm] else "other seeds"
         n = max((len(v) for v in by_update.values()), default=0)
         cells = [_quantiles(by_update.get(u, np.array([]))) for u in updates]
         r = f"{ch.corr[arm]:.2f}" if math.isfinite(ch.corr[arm]) else "—"
-        lines.append(f"| {labels.get(arm, arm)} ({kind}) | {n} | " + " | ".join(cells) + f" | {r} |")
+        split = _diverged(ch.diverged[arm]) if arm in ch.diverged else "— (independent runs)"
+        lines.append(f"| {labels.get(arm, arm)} ({kind}) | {n} | " + " | ".join(cells) + f" | {r} | {split} |")
+    return lines
+
+
+def kinds_table(cal: Calibration) -> list[str]:
+    """The fixed-n rates apart for contrasts paired by seed (two arms on the same train.seeds) and
+    unpaired (a copy on other seeds): each tested alone, and equivalent within the sweep's family."""
+    head = ["pseudo-sweeps", *(f"{w}, {k}" for k in KINDS for w in ("false better/worse alone", "equivalent"))]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for d, r in cal.fixed:
+        cells = [_cell(r, f"{w}_{k}") for k in KINDS for w in ("single", "equivalent")]
+        lines.append(f"| {d.label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -84,6 +107,11 @@ def markdown(cal: Calibration, labels: dict[str, str] | None = None) -> list[str
         f"{FAMILY_ALPHA:g} for a sweep (Holm over its contrasts) and {FAMILY_ALPHA:g} for a contrast tested alone.",
         "",
         *rates_table(cal),
+        "",
+        "The same draws, contrasts on the baseline's own seeds (paired by seed and task, as the table pairs them) "
+        "apart from contrasts of arms on other seeds (unpaired by seed):",
+        "",
+        *kinds_table(cal),
         "",
     ]
     if cal.sequential:

@@ -6,7 +6,7 @@ update with probability clip(0.6 + a + b_t + shift, 0, 1): a ~ N(0, sigma_seed) 
 (chaos: runs of one seed are independent after training), b_t ~ N(0, sigma_task) shared by every
 run (common tasks), `shift` added to the `noop` arm only (0: a true A/A). At update 0 the runs of
 one train.seed score the same (same seed, same model before any update), success with probability
-0.55 + b_t.
+0.55 + b_t. The training rollouts of noop and baseline on one seed agree until update SPLIT.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 ARMS = {"baseline": 0, "noop": 0, "copy": 1000}  # arm -> seed_offset
 AXIS = "algo.micro_batch_tokens"
 VALUE = {"baseline": 1024, "noop": 512, "copy": 1024}
+SPLIT = 3  # the first update whose training rollouts differ between noop and baseline on one seed
 CODE = {"commit": "89abcdef0123456789abcdef0123456789abcdef", "dirty": False, "diff_sha": None, "version": "0.1.0"}
 
 
@@ -43,7 +44,13 @@ def _write_point(root: Path, pid: str, arm: str, seed: int, start: np.ndarray, f
         for j, s in enumerate(scores)
     ]
     (d / "eval_tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    curve = [{"update": u, "eval_sampled/success": float(np.mean(s))} for u, s in ((0, start), (4, final))]
+    curve = [{"update": u} for u in range(5)]
+    for u, scores in ((0, start), (4, final)):
+        curve[u]["eval_sampled/success"] = float(np.mean(scores))
+    # training rollouts: a function of the seed alone until update SPLIT, where the noop arm's drift apart
+    for u in range(1, 5):
+        moved = 0.001 if arm == "noop" and u >= SPLIT else 0.0
+        curve[u].update({"env/success": 0.5 + 0.01 * (seed % 7) + 0.02 * u + moved, "env/turns": 4.0})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
     metrics = {"init/eval_sampled/success": float(start.mean()), "final/eval_sampled/success": float(final.mean())}
     summary = {"status": "done", "metrics": metrics, "config_hash": pid[-8:], "code_version": CODE}

@@ -25,7 +25,7 @@ from analysis.calibration import (
 from analysis.calibration_text import FINDING_PREFIX, finding, markdown
 from analysis.intervals import grid_interval, unpaired_interval
 from analysis.sequential import Plan
-from tests.analysis.synthetic_aa import make_aa_sweep
+from tests.analysis.synthetic_aa import SPLIT, make_aa_sweep
 
 
 def normal_runs(seeds: int, shift: float = 0.0, tasks: int = 16, rng_seed: int = 0) -> Runs:
@@ -131,8 +131,12 @@ def test_calibrate_and_its_text_on_a_results_folder(tmp_path):
     assert cal.chaos.same_seed == {"noop": True, "copy": False}
     assert set(cal.chaos.gaps["noop"]) == {0, 4} and not cal.chaos.gaps["noop"][0].any()  # same seed, same start
     lines = markdown(cal)
-    table = [line for line in lines if line.startswith("| 3 seeds") or line.startswith("| 5 seeds")]
+    table = [line for line in lines if line.startswith(("| 3 seeds, ", "| 5 seeds, "))]
     assert len(table) == 2 and all(line.count(" | ") == 6 for line in table)
+    kinds = [line for line in lines if line.startswith(("| 3 seeds |", "| 5 seeds |"))]
+    assert len(kinds) == 2 and all(line.count(" | ") == 4 for line in kinds)
+    assert cal.chaos.diverged == {"noop": [SPLIT] * 6}  # the copy runs other seeds: not compared
+    assert any(f"| {SPLIT} / {SPLIT} / {SPLIT} |" in line for line in lines)
     assert any("\\|Δ\\| at update 4" in line for line in lines)  # pipes escaped inside a table
     text = finding(cal)
     assert text.startswith(FINDING_PREFIX) and cal.fixed[0][1]["family"].text() in text
