@@ -68,6 +68,7 @@ def score(df: pd.DataFrame, d: Diagnostic, cut: float, reps: int = REPS, seed: i
     rho = lambda i: spearman(x[i], y[i])  # noqa: E731
     within = lambda i: spearman_within(x[i], y[i], clusters[i])  # noqa: E731
     auc = lambda i: auroc(x[i], pos[i])  # noqa: E731
+    both = 0 < positives < points  # an AUROC needs collapsed and healthy runs; else skip its bootstrap
     return Score(
         d,
         cut,
@@ -77,9 +78,9 @@ def score(df: pd.DataFrame, d: Diagnostic, cut: float, reps: int = REPS, seed: i
         cluster_bootstrap(rho, clusters, reps, seed),
         cluster_bootstrap(within, clusters, reps, seed),
         added_r2(x, y, start),
-        cluster_bootstrap(auc, clusters, reps, seed),
+        cluster_bootstrap(auc, clusters, reps, seed) if both else Estimate(math.nan, math.nan, math.nan, 0),
         leave_one_out(rho, rho, clusters, 0.0),
-        leave_one_out(auc, auc, clusters, 0.5),
+        leave_one_out(auc, auc, clusters, 0.5) if both else HeldOut(math.nan, 0, 0),
     )
 
 
