@@ -36,8 +36,12 @@ test-all: lint system-packages
 docs: setup
 	$(VENV)/bin/harness axes --write-doc docs/algorithms.md
 
+# The clipping sweep under sequential seeds (looks at 3, 5, ..., 15 seeds), capped at SWEEP_MINUTES: after
+# the cap no new point or look starts (points in flight finish); `make sweep` again resumes. Then its table.
+SWEEP_MINUTES ?= 40
 sweep: setup
-	$(VENV)/bin/harness sweep sweeps/clipping.yaml --workers 2
+	$(VENV)/bin/harness sweep sweeps/clipping_sequential.yaml --workers 2 --max-minutes $(SWEEP_MINUTES)
+	$(VENV)/bin/harness table results/clipping_sequential
 
 # docs/results.md from results/ (tables, figures under docs/figures/, notes from docs/results_notes/)
 results-doc: setup

@@ -209,7 +209,7 @@ def report_lines(found: list[Contrast], metric: str) -> list[str]:
         rows.append(
             f"| {c.label} vs {c.baseline} | {comp.n} x {comp.m} | {iv.value:+.3f} ± {sig2(now)} | {sig2(s_seed)} | "
             f"{sig2(s_task)} | {sig2(s_res)} | {shares} | {_ratio(scale * comp.expected(n=2 * comp.n).half_width, now)}"
-            f" | {_ratio(scale * comp.expected(m=2 * comp.m).half_width, now)} | {comp.lever()} | "
+            f" | {_ratio(scale * comp.expected(m=2 * comp.m).half_width, now)} | {comp.lever() if now > 0 else '–'} | "
             f"{_ratio(c.tasks_unpaired.half_width, now)} | {_ratio(c.seeds_unpaired.half_width, now)} | "
             f"{'–' if math.isnan(seed_correlation(c.a, c.b)) else f'{seed_correlation(c.a, c.b):+.2f}'} |"
         )

@@ -3,9 +3,11 @@ looks replayed from the finished points instead of one fixed-n Holm family.
 
 Each cell of the sweep's own config gets the Δ and verdict of the look that decided it (its seeds
 paired with the baseline's first seeds), or of the last look taken while it is open; the seeds
-column shows the seeds each row used. A row still undetermined after the look at `max` gets, in
-the notes, the seeds a verdict would need at the observed variance (`seeds_needed`). Cells of
-another base config have no sequential design and get no verdict.
+column shows the seeds each row used. A row still undetermined after the look at `max`, or still
+open in a sweep that has not taken its looks (the time cap of `harness sweep --max-minutes` stopped
+it: sweep.json's `sequential.capped`), gets, in the notes, the seeds a verdict would need at the
+observed variance (`seeds_needed`). Cells of another base config have no sequential design and get
+no verdict.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class SequentialRows:
     complete: bool = False  # every look decided or the last one taken
     look: dict[str, int] = field(default_factory=dict)  # cell -> look (1-based) of its verdict
     seeds: dict[str, int] = field(default_factory=dict)  # cell -> seeds its estimate used
-    needed: dict[str, int | None] = field(default_factory=dict)  # undetermined at max -> seeds a verdict needs
+    needed: dict[str, int | None] = field(default_factory=dict)  # undetermined or open -> seeds a verdict needs
+    open: set[str] = field(default_factory=set)  # cells whose looks are still to come
+    capped: dict | None = None  # sweep.json's sequential.capped: the time cap stopped the last run
 
 
 def plan_of(raw: dict, margin: float | None) -> Plan | None:
@@ -40,6 +44,12 @@ def plan_of(raw: dict, margin: float | None) -> Plan | None:
     if not isinstance(seq, dict):
         return None
     return Plan(int(seq["start"]), int(seq["step"]), int(seq["max"]), str(seq["spending"]), margin or DEFAULT_MARGIN)
+
+
+def capped_of(raw: dict) -> dict | None:
+    """sweep.json's `sequential.capped` (the time cap stopped the last run), else None."""
+    capped = ((raw or {}).get(KEY) or {}).get("capped")
+    return capped if isinstance(capped, dict) else None
 
 
 def _points(rows: pd.DataFrame) -> dict[int, str]:
@@ -68,7 +78,9 @@ def add_sequential_verdicts(
         # p: unadjusted, at the look that decided it (no Holm-adjusted p in a sequential design)
         block.verdicts[c] = ("undetermined" if d.verdict == "open" else d.verdict, math.nan)
         info.look[c], info.seeds[c] = d.look + 1, d.seeds
-        if d.verdict == "undetermined" and c in grids:
+        if d.verdict == "open":
+            info.open.add(c)
+        if d.verdict in ("undetermined", "open") and c in grids:
             info.needed[c] = seeds_needed(grids[c], plan, family)
     block.tested = DELTA
     block.columns.insert(block.columns.index(DELTA) + 1, VERDICT)
@@ -85,11 +97,16 @@ def notes(info: SequentialRows, labels: dict[str, str]) -> list[str]:
     """How the verdicts were reached, and what each row's seeds were."""
     plan = info.plan
     looks = ", ".join(map(str, plan.looks))
-    state = (
-        "every look is decided"
-        if info.complete
-        else f"{info.looks_taken} of {len(plan.looks)} looks taken (the sweep is still running)"
-    )
+    if info.complete:
+        state = "every look is decided"
+    elif info.capped:
+        state = (
+            f"{info.looks_taken} of {len(plan.looks)} looks taken: the time cap of its last run "
+            f"({info.capped.get('max_minutes')} minutes) stopped it in look {info.capped.get('look')} "
+            f"({info.capped.get('seeds')} seeds); the same command resumes it"
+        )
+    else:
+        state = f"{info.looks_taken} of {len(plan.looks)} looks taken (the sweep is still running)"
     spending = plan.spending.replace("_", "-")
     out = [
         f"Sequential seeds: looks at {looks} seeds with {spending} alpha spending (Lan-DeMets); "
@@ -101,7 +118,8 @@ def notes(info: SequentialRows, labels: dict[str, str]) -> list[str]:
     for c, look in info.look.items():
         if look <= 0:
             continue
-        text = f"{labels.get(c, c)} at look {look} ({info.seeds[c]} seeds)"
+        where = "still open after" if c in info.open else "at"
+        text = f"{labels.get(c, c)} {where} look {look} ({info.seeds[c]} seeds)"
         if c in info.needed:
             need = info.needed[c]
             text += (
@@ -113,6 +131,19 @@ def notes(info: SequentialRows, labels: dict[str, str]) -> list[str]:
     if rows:
         out.append("Looks: " + "; ".join(rows) + ".")
     return out
+
+
+def decided_line(info: SequentialRows, verdicts: dict[str, tuple[str, float]]) -> str:
+    """'Verdicts: k of N contrasts decided (...)': what a run of the sweep reached."""
+    words = [v for v, _ in verdicts.values()]
+    decided = [w for w in words if w not in ("undetermined", "degenerate")]
+    counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(decided))
+    still = len(info.open)
+    return (
+        f"Verdicts: {len(decided)} of {len(words)} contrasts decided{f' ({counts})' if counts else ''}"
+        + (f"; {still} still open (more looks to come)" if still else "")
+        + "."
+    )
 
 
 def record(info: SequentialRows, cell: str) -> dict:

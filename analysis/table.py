@@ -286,6 +286,8 @@ def _primary_block(results, curves, tasks, cells, primary: str | None, margin: f
     # fixed-n rule (its cells may then have other seeds than their baseline: unpaired, marked ‡)
     plan = plan_of(raw, margin) if raw.get("metric") == primary else None
     looks = add_sequential_verdicts(block, done, scores, plan, higher) if plan is not None else None
+    if looks is not None:
+        looks.capped = sequential_table.capped_of(raw)
     if looks is None:
         add_verdicts(block, margin, higher)
     return block, scores, looks
@@ -355,6 +357,7 @@ def build_table(
     requested = sequential_table.requested(results, cells) if looks else requested_seeds(results, cells)
     extra_notes: list[str] = []
     if looks:
+        extra_notes.append(sequential_table.decided_line(looks, block.verdicts))
         extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}

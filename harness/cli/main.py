@@ -99,6 +99,7 @@ EXTRA_COUNTS = {
     "corrupt": "corrupt (damaged files; --retry-failed runs them again)",
     "reused": "of the done copied from identical finished runs in other sweep folders (--no-reuse trains them)",
     "blocked": "look(s) of the seed budget blocked (see below)",
+    "capped": "not started (the --max-minutes cap had passed)",
 }
 
 
@@ -110,6 +111,7 @@ def _run(
     no_mlflow: bool,
     executor: Any = None,
     reuse: bool = True,
+    max_minutes: float | None = None,
 ) -> None:
     from harness.experiments.progress import SweepProgress
     from harness.experiments.runner import RunOptions, run_sweep
@@ -122,6 +124,7 @@ def _run(
         workers=workers,
         executor=executor,
         reuse=reuse,
+        max_minutes=max_minutes,
     )
     _sigterm_as_interrupt()
     result = run_sweep(sweep, opts, SweepProgress())
@@ -137,6 +140,11 @@ def _run(
     if result.interrupted:
         print("interrupted: run the same command again to resume")
         raise typer.Exit(130)
+    if c.get("capped"):
+        print(
+            f"time cap of {max_minutes:g} minutes reached: {c['capped']} point(s) not started; run the same "
+            f"command again to resume (`harness table {results / sweep.name}` shows what is decided so far)"
+        )
     if not result.ok:
         raise typer.Exit(1)
 
@@ -189,6 +197,13 @@ def sweep(
         help="Train every point, even one whose identical run (same config, seed, code, packages and CPU) "
         "finished in another sweep folder under --results (default: copy it; CPU runs repeat bit for bit).",
     ),
+    max_minutes: float | None = typer.Option(
+        None,
+        "--max-minutes",
+        min=0.0,
+        help="A time cap: after this many minutes no new point (and, with a seed budget, no new look) starts; "
+        "points in flight finish, and the same command later resumes. With --backend ray it acts between looks.",
+    ),
 ) -> None:
     """Run (or resume) every point of a sweep file.
 
@@ -221,7 +236,7 @@ def sweep(
 
         executor = RayExecutor(address, retries, insecure)
     check_results_dir(results, "--results")
-    _run(swp, results, workers, retry_failed, no_mlflow, executor, reuse=not no_reuse)
+    _run(swp, results, workers, retry_failed, no_mlflow, executor, reuse=not no_reuse, max_minutes=max_minutes)
 
 
 @app.command()

@@ -74,6 +74,10 @@ class RunOptions:
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow run tags (e.g. study, trial)
     executor: Callable[..., None] | None = None  # (sweep, todo, opts, progress, result); e.g. the Ray backend
     reuse: bool = True  # copy an identical finished CPU run from another sweep folder (`find_donor`)
+    # --max-minutes: a time cap; once `deadline` (time.time(), set by run_sweep) has passed no new point
+    # or look starts, points in flight finish, and the same command later resumes (harness.experiments.runner)
+    max_minutes: float | None = None
+    deadline: float | None = None
 
 
 # ----------------------------------------------------------------------------- the trainer

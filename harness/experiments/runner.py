@@ -12,6 +12,11 @@ unfinished, it runs here.
 
 A sweep with a seed budget (`seeds: {start, step, max}`) runs look by look
 (harness.experiments.sequential): each look's points go through the same local pool or executor.
+
+A time cap (`RunOptions.max_minutes`, `harness sweep --max-minutes`): once it has passed since
+`run_sweep` began, no new point starts (in the local pool; the Ray backend submits a look's points
+at once, so there the cap acts between looks) and no new look starts; points in flight finish. The
+points not started count as `capped`, which is no failure: the same command later resumes.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ __all__ = ["RunOptions", "SweepResult", "plan", "run_sweep"]
 class SweepResult:
     """counts: done | diverged | failed (this run), skipped (finished before), corrupt (damaged, not
     run again without retry_failed), busy (held by another process), elsewhere (finished by it),
-    blocked (a look of a seed budget that cannot be decided: its points failed or lack results)."""
+    blocked (a look of a seed budget that cannot be decided: its points failed or lack results),
+    capped (not started: the time cap had passed; a later run starts them)."""
 
     counts: dict[str, int]
     interrupted: bool = False
@@ -114,6 +120,8 @@ def _prepare(sweep: Sweep, opts: RunOptions) -> None:
 def run_sweep(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepResult:
     """Run every point not finished yet (of a seed budget: look by look, until the verdicts).
     `progress`: a harness.experiments.progress.SweepProgress or None."""
+    if opts.max_minutes is not None and opts.deadline is None:
+        opts.deadline = time.time() + 60.0 * opts.max_minutes
     if sweep.budget is not None:
         from harness.experiments.sequential import run_looks
 
@@ -147,6 +155,17 @@ def _run_points(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepRe
     return result
 
 
+def past_deadline(opts: RunOptions) -> bool:
+    """True once the time cap of this run (opts.deadline) has passed."""
+    return opts.deadline is not None and time.time() >= opts.deadline
+
+
+def _cap(result: SweepResult, pending: list[Point]) -> None:
+    """The points not started because the time cap passed."""
+    result.counts["capped"] = result.counts.get("capped", 0) + len(pending)
+    pending.clear()
+
+
 def _record(result: SweepResult, progress: Any, point: Point, res: dict) -> None:
     status = res["status"]
     result.counts[status] = result.counts.get(status, 0) + 1
@@ -177,7 +196,10 @@ def _run_one(sweep: str, point: Point, opts: RunOptions, progress: Any, result: 
 
 
 def _run_sequential(sweep: str, todo: list[Point], opts: RunOptions, progress: Any, result: SweepResult) -> None:
-    for point in todo:
+    for i, point in enumerate(todo):
+        if past_deadline(opts):
+            _cap(result, todo[i:])
+            return
         if not _run_one(sweep, point, opts, progress, result, wait=False):
             return
 
@@ -308,6 +330,8 @@ def _run_parallel(sweep: str, todo: list[Point], opts: RunOptions, progress: Any
         for _ in range(min(opts.workers, len(pending))):
             slots.append(new_slot())
         while pending or any(s.point is not None for s in slots):
+            if pending and past_deadline(opts):  # the points in flight finish; no new one starts
+                _cap(result, pending)
             for slot in slots:
                 if slot.point is None and pending and slot.proc.is_alive():
                     slot.point = pending.pop(0)

@@ -12,6 +12,12 @@ run replays them, finds the same look and runs (or resumes) the same points. loo
 the plan (budget, spending, margin, metric, baseline) with the looks: a run whose sweep file has
 changed any of them after a look was taken stops with an error, since the error rates hold only for
 looks and a margin fixed before the seeds ran.
+
+A time cap (`harness sweep --max-minutes`, harness.experiments.runner): once it has passed, no new
+look and no new point starts; the points in flight finish. sweep.json's `sequential` entry then
+records `capped` (the cap, the look it stopped in, the variants still open), which the table reports
+with the seeds each open row would need; the next run of the same command resumes that look and
+drops the record (its manifest is written afresh).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Any
 from analysis.tasks import HIGHER_IS_BETTER, load_tasks, task_metric, task_scores
 from harness.config.errors import ConfigError
 from harness.experiments.point import RunOptions, point_dir, point_state
+from harness.experiments.runner import past_deadline
 from harness.experiments.sweep import Point, Sweep
-from harness.store import FINISHED, LOOKS, atomic_write_json
+from harness.store import FINISHED, LOOKS, SWEEP_MANIFEST, atomic_write_json
 
 PLAN_KEYS = ("start", "step", "max", "spending", "margin", "metric", "baseline")
 
@@ -135,6 +142,10 @@ def plan_lines(sweep: Sweep, results: Path) -> tuple[list[str], list[Point]]:
     return lines, look_points(sweep, plan, outcome)
 
 
+def _finished(sweep: Sweep, results: Path, p: Point) -> bool:
+    return point_state(point_dir(results, sweep.name, p)) in FINISHED
+
+
 def _blocked(sweep: Sweep, results: Path, points: list[Point]) -> str:
     waiting = [p for p in points if point_state(point_dir(results, sweep.name, p)) not in FINISHED]
     if waiting:
@@ -143,9 +154,32 @@ def _blocked(sweep: Sweep, results: Path, points: list[Point]) -> str:
     return "its finished points lack per-task results (eval_tasks.jsonl) for the sweep's metric"
 
 
+def note_cap(sweep: Sweep, opts: RunOptions, plan: Any, folder: Path) -> None:
+    """sweep.json's `sequential.capped`: the time cap stopped this run before the looks were decided."""
+    outcome = decide_looks(sweep, opts.results)[1]
+    if outcome.next_look is None:
+        return
+    path = folder / SWEEP_MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("sequential"), dict):
+        return
+    k = outcome.next_look
+    manifest["sequential"]["capped"] = {
+        "max_minutes": opts.max_minutes,
+        "look": k + 1,
+        "seeds": plan.looks[k],
+        "open": outcome.open_arms(),
+    }
+    atomic_write_json(path, manifest)
+
+
 def run_looks(sweep: Sweep, opts: RunOptions, run_points: Callable[[Sweep], Any]) -> Any:
-    """Run the looks of `sweep` until every variant is decided or the budget is spent (module doc);
-    `run_points(sub_sweep)` runs the points of one look and returns a runner.SweepResult."""
+    """Run the looks of `sweep` until every variant is decided, the budget is spent or the time cap
+    has passed (module doc); `run_points(sub_sweep)` runs the points of one look and returns a
+    runner.SweepResult."""
     folder = Path(opts.results) / sweep.name
     folder.mkdir(parents=True, exist_ok=True)
     plan = sweep.budget.plan(sweep.equivalence_margin)
@@ -155,6 +189,12 @@ def run_looks(sweep: Sweep, opts: RunOptions, run_points: Callable[[Sweep], Any]
         plan, outcome, _ = decide_looks(sweep, opts.results)
         record(sweep, plan, outcome, folder)
         if outcome.next_look is None:
+            break
+        if past_deadline(opts) and total is not None:  # no new look after the cap
+            total.counts["capped"] = total.counts.get("capped", 0) + len(
+                [p for p in look_points(sweep, plan, outcome) if not _finished(sweep, opts.results, p)]
+            )
+            note_cap(sweep, opts, plan, folder)
             break
         k, points = outcome.next_look, look_points(sweep, plan, outcome)
         print(
@@ -170,6 +210,9 @@ def run_looks(sweep: Sweep, opts: RunOptions, run_points: Callable[[Sweep], Any]
         else:
             _add(total, result)
         if result.interrupted or not result.ok:
+            break
+        if result.counts.get("capped"):  # the cap passed inside this look
+            note_cap(sweep, opts, plan, folder)
             break
         if not ran and decide_looks(sweep, opts.results)[1].next_look == k:
             total.counts["blocked"] = total.counts.get("blocked", 0) + 1
