@@ -240,6 +240,12 @@ def pooled_points(paths: list[str | Path], mode: str = "sampled") -> pd.DataFram
         raise AnalysisError(f"outcome mode {mode!r} is not one of {', '.join(MODES)}.")
     frames = [sweep_points(p, mode) for p in paths]
     df = pd.concat(frames, ignore_index=True)
+    if df["final"].isna().all():
+        other = next(m for m in MODES if m != mode)
+        raise AnalysisError(
+            f"no run of {', '.join(map(str, paths))} records final/eval_{mode}/success (a held-out evaluation "
+            f"with {mode} decoding): nothing to predict; try --outcome {other}."
+        )
     return df.drop_duplicates("config_hash", keep="first").reset_index(drop=True)
 
 

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from analysis.diagnose import CUTS, FALL, MODES, Z_COLLAPSE, pooled_points  # noqa: E402
+from analysis.diagnose import CUTS, FALL, MODES, Z_COLLAPSE, pooled_points, sweep_points  # noqa: E402
 from analysis.diagnose_table import (  # noqa: E402
     MIN_POINTS,
     REPS,
@@ -137,7 +137,10 @@ def section(root: Path, out: Path, figures: Path, notes: Path, shown) -> list[st
         try:
             dx = diagnose(paths, mode)
         except AnalysisError as e:
-            lines += [f"It failed: {e}", ""]
+            message = str(e)
+            for path in paths:  # the page names no folder of the machine that built it
+                message = message.replace(str(path), shown(path))
+            lines += [f"Nothing to score: {message}", ""]
             continue
         png = save_figure(dx, figures / "diagnose" / f"which_diagnostics_{mode}.png")
         body = text_lines(dx)
@@ -152,7 +155,7 @@ def section(root: Path, out: Path, figures: Path, notes: Path, shown) -> list[st
 def _has_runs(path: Path) -> bool:
     """A folder or pack that holds finished runs with diagnostics (others are skipped on the page)."""
     try:
-        pooled_points([path])
+        sweep_points(path)
     except AnalysisError:
         return False
     return True

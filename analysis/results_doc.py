@@ -43,6 +43,7 @@ from analysis.calibration import SWEEP as CALIBRATION_SWEEP
 from analysis.calibration_text import FINDING_PREFIX, page_lines
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
+from analysis.records import as_folder
 from analysis.render import to_markdown
 from analysis.report import status_line
 from analysis.table import table_for
@@ -270,7 +271,7 @@ def _study_lines(sf: SweepFile, root: Path) -> list[str]:
 
 def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) -> Section:
     sec = Section(sf, [f"## {sf.name}", ""] + ([sf.description, ""] if sf.description else []))
-    folder = root / sf.name
+    folder = as_folder(root / sf.name)  # the sweep's folder, else its records pack unpacked
     if sf.study:
         sec.status = "a tuning study"
         if (folder / OPTUNA_DB).is_file() or sf.name not in kept:

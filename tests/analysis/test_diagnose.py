@@ -163,4 +163,6 @@ def test_page_section_pools_folders_and_packs_under_the_root(tmp_path: Path):
     text = "\n".join(section(root, out, figures, notes, lambda p: Path(p).name))
     assert text.startswith(f"## {TITLE}") and "`harness diagnose a b.records.jsonl.gz --outcome sampled`" in text
     assert "Runs: 24 from 2 sweep(s)" in text and text.rstrip().endswith("Hand-written.")
-    assert (figures / "diagnose" / "which_diagnostics_greedy.png").is_file()
+    assert (figures / "diagnose" / "which_diagnostics_sampled.png").is_file()
+    # these runs were evaluated with sampled decoding only: the greedy part says so, naming no machine path
+    assert "Nothing to score: no run of a, b.records.jsonl.gz records final/eval_greedy/success" in text

@@ -81,3 +81,21 @@ def test_damaged_pack_is_one_error_naming_it(tmp_path: Path):
     bad.write_bytes(b"not gzip")
     with pytest.raises(AnalysisError, match="not a readable records pack"):
         table_for(bad)
+
+
+def test_results_page_from_a_pack_alone_is_the_page_from_the_folder(tmp_path: Path):
+    from analysis.results_doc import write_results_doc
+
+    root, sweeps = tmp_path / "results", tmp_path / "sweeps"
+    folder = make_clip_sweep(root / "clipping")
+    sweeps.mkdir()
+    (sweeps / "clipping.yaml").write_text("name: clipping\ndescription: Clipping levels.\n")
+    page = lambda: write_results_doc(root, tmp_path / "docs" / "results.md", sweeps, keep=False).read_text()  # noqa: E731
+    from_folder = page()
+    pack(folder)
+    shutil.rmtree(folder)
+    from_pack = page()
+    assert "| clip.level |" in from_pack.split("\n## clipping\n")[1]  # the table, not "Not run yet"
+    # the same page, but for the path `harness diagnose` is shown to read (the pack, not the folder)
+    assert "harness diagnose results/clipping.records.jsonl.gz --outcome greedy" in from_pack
+    assert from_pack.replace("results/clipping.records.jsonl.gz", "clipping") == from_folder
