@@ -236,3 +236,41 @@ def report_lines(found: list[Contrast], metric: str) -> list[str]:
             "not negative; the table uses neither (docs/algorithms.md#statistics).",
         ]
     )
+
+
+def pooled(found: list[Contrast]) -> tuple[Components, int] | None:
+    """The components averaged over the contrasts of the most common design (n seeds x m tasks), and
+    how many contrasts that is; None without one."""
+    shapes = [c.a.shape for c in found]
+    if not shapes:
+        return None
+    n, m = max(set(shapes), key=shapes.count)
+    comps = [c.components for c in found if c.a.shape == (n, m)]
+    mean = [float(np.mean([getattr(c, k) for c in comps])) for k in ("var_seed", "var_task", "var_res")]
+    return Components(n, m, *mean), len(comps)
+
+
+def page_lines(path: str | Path) -> list[str]:
+    """One paragraph for a sweep's section of docs/results.md: the pooled components of its paired Δs
+    and which doubling, of seeds or of held-out tasks, would narrow its intervals more; [] when the
+    sweep has no paired Δ with per-task results."""
+    try:
+        metric, found = contrasts(path)
+    except AnalysisError:
+        return []
+    got = pooled(found)
+    if got is None or got[0].expected().half_width <= 0:
+        return []
+    comp, k = got
+    s_seed, s_task, s_res = (sig2(x) for x in comp.sigmas)
+    shares = ", ".join(f"{w} {_pct(x)}" for w, x in zip(("seeds", "tasks", "residual"), comp.shares()))
+    by_seeds, by_tasks = comp.narrowing(n=2 * comp.n), comp.narrowing(m=2 * comp.m)
+    sampled = task_metric(metric)[1] == "sampled"
+    samples = " (more samples per task: at most what more tasks give)" if sampled else ""
+    return [
+        f"Variance of its paired Δs ({k} contrast{'s' if k > 1 else ''} of {comp.n} seeds x {comp.m} tasks, "
+        f"averaged; `harness table --components` per contrast): σ_seed {s_seed}, σ_task {s_task}, σ_res {s_res}; "
+        f"of SE², {shares}. Twice the seeds would bring the intervals to ×{by_seeds:.2f} of their width, twice the "
+        f"held-out tasks to ×{by_tasks:.2f}{samples}: more {comp.lever()} narrow them most.",
+        "",
+    ]

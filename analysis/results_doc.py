@@ -41,6 +41,7 @@ import yaml
 from analysis import diagnose_page, family, findings, transfer
 from analysis.calibration import SWEEP as CALIBRATION_SWEEP
 from analysis.calibration_text import FINDING_PREFIX, page_lines
+from analysis.components import page_lines as variance_lines
 from analysis.load import AnalysisError, load_results
 from analysis.plot import make_plots
 from analysis.records import as_folder
@@ -180,6 +181,7 @@ def _results_section(sec: Section, folder: Path, root: Path, out: Path, figures:
     if table.findings:  # read back when the section is kept, for the page-wide correction (analysis.family)
         lines += [family.exact_line([(f["cell"], f["interval"]) for f in table.findings]), ""]
     lines += [to_markdown(table, footer=False, shared_legend=True).rstrip(), ""]
+    lines += variance_lines(folder)  # which of more seeds or more tasks would narrow its intervals
     if table.missing:
         lines += ["Missing or unfinished:", ""] + [f"- {m}" for m in table.missing] + [""]
     # a mixture of environments: the same table per member; then the sweep file's `tables:`

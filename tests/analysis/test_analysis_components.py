@@ -15,7 +15,7 @@ import typer
 from synthetic_tasks import make_task_sweep
 from typer.testing import CliRunner
 
-from analysis.components import Components, Contrast, contrasts, seed_correlation
+from analysis.components import Components, Contrast, contrasts, page_lines, pooled, seed_correlation
 from analysis.intervals import grid_interval
 from harness.cli.analysis import register
 
@@ -169,3 +169,15 @@ def test_cli_components_section_on_a_sweep_with_per_task_results(cli, tmp_path):
     assert bad.exit_code == 2 and "--components prints a markdown section" in bad.output
     sampled = cli("table", root, "--components", "-m", "collapsed_at")
     assert sampled.exit_code == 2 and "needs a held-out metric with per-task results" in sampled.output
+
+
+def test_page_lines_pool_the_sweeps_contrasts(tmp_path):
+    root = make_task_sweep(tmp_path / "filters")
+    _, found = contrasts(root)
+    comp, k = pooled(found)
+    assert k == 2 and comp.var_task == pytest.approx(np.mean([c.components.var_task for c in found]))
+    (line, blank) = page_lines(root)
+    assert blank == "" and line.startswith("Variance of its paired Δs (2 contrasts of 3 seeds x 8 tasks, averaged;")
+    assert f"twice the held-out tasks to ×{comp.narrowing(m=16):.2f}:" in line  # greedy: no samples clause
+    assert f"more {comp.lever()} narrow them most." in line
+    assert page_lines(make_task_sweep(tmp_path / "seeds", per_task=False)) == []  # no per-task results
