@@ -21,6 +21,7 @@ import torch
 
 from harness.bench.real import load_average, matmul_gflops
 from harness.bench.timing import NullLogger
+from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
 from harness.rl.plan import DEFAULT_PLAN, make_plan
@@ -37,6 +38,10 @@ SIDES = {
     # bfloat16 compute recomputes the behaviour pass in its own precision (the sampler's are float32)
     "bf16": {"precision": "bfloat16"},
     "bf16+shared_prefix": {"precision": "bfloat16", "shared_prefix": True},
+    # verl's on-policy shortcut: only where the update is one step (algo.epochs 1, algo.minibatches 1)
+    "first_forward": {"behaviour": "first_forward"},
+    "bf16+first_forward": {"precision": "bfloat16", "behaviour": "first_forward"},
+    "bf16+first_forward+shared_prefix": {"precision": "bfloat16", "behaviour": "first_forward", "shared_prefix": True},
 }
 
 
@@ -76,7 +81,8 @@ def _timed(policy, cfg, batch, plan, start: list[torch.Tensor]) -> dict:
 
 def _side_config(cfg: RunConfig, learner: dict) -> RunConfig:
     d = cfg.model_dump(mode="json")
-    d["train"].update({"eval_every": 0, "mi_every": 0, "learner": {**d["train"]["learner"], **learner}})
+    # every side from the default learner, whatever the config's own train.learner (a recipe's fast path)
+    d["train"].update({"eval_every": 0, "mi_every": 0, "learner": learner})
     d["rollout"].update({"concurrent": False})
     return validate_run_config(d, "bench learner")
 
@@ -86,10 +92,15 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
     then `repeats` rounds of every side in turn."""
     from harness.rl.trainer import Trainer
 
-    cfgs = {"plain": _side_config(cfg, {}), **{k: _side_config(cfg, v) for k, v in (sides or SIDES).items()}}
+    cfgs, refused = {"plain": _side_config(cfg, {})}, {}
+    for side, learner in (sides or SIDES).items():
+        try:
+            cfgs[side] = _side_config(cfg, learner)
+        except ConfigError as e:  # a path this config cannot take (e.g. the shortcut with two epochs)
+            refused[side] = str(e)
     with tempfile.TemporaryDirectory() as tmp:
         # built from a side that reads the sampler's entropies, so its rollout records them for every side
-        recording = next((c for c in cfgs.values() if c.train.learner.behaviour == "sampler"), cfgs["plain"])
+        recording = next((c for c in cfgs.values() if c.train.learner.behaviour != "recompute"), cfgs["plain"])
         trainer = Trainer(recording, Path(tmp), NullLogger())
         try:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -128,6 +139,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
             }
             for k, p in plans.items()
         },
+        "refused": refused,
         "cpu_bf16": cpu_bf16(),
         # the dtypes' matmul rate at this thread count (GFLOP per CPU-second): the compute floor of each side
         "matmul_gflops": {str(d).removeprefix("torch."): matmul_gflops(1024, d, 3, time.process_time) for d in DTYPES},

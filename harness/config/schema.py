@@ -201,11 +201,46 @@ def learner_problem(cfg: RunConfig) -> str | None:
             "log-prob for them",
         ),
     ]
-    if ln.behaviour == "sampler":
+    if ln.behaviour == "first_forward":
+        head = "train.learner.behaviour 'first_forward'"
+        a = cfg.algo
+        before = [
+            (
+                a.epochs != 1 or a.minibatches != 1,
+                f"algo.epochs = {a.epochs}, algo.minibatches = {a.minibatches}: "
+                "after the first optimizer step the training forward is no longer the behaviour policy (needs 1 and 1)",
+            ),
+            (a.critic.enabled, "algo.critic.enabled = true: the advantages need the critic's values before the step"),
+            (
+                kl.where == "reward" and kl.estimator != "none",
+                "algo.kl.where = 'reward': the KL in the reward needs the behaviour log-probs before the advantages",
+            ),
+            (
+                a.distill.coef > 0,
+                f"algo.distill.coef = {a.distill.coef:g}: the distillation gap needs the behaviour "
+                "log-probs before the advantages",
+            ),
+            (
+                a.clip.seq_mask,
+                "algo.clip.seq_mask = true: the SAMPO mask compares against the behaviour log-probs before the loss",
+            ),
+            (
+                cfg.model.lora.dropout > 0,
+                f"model.lora.dropout = {cfg.model.lora.dropout:g}: the training forward "
+                "(dropout on) is not the policy that sampled (dropout off)",
+            ),
+        ]
+        for bad, why in before:
+            if bad:
+                return f"{head} takes the training forward's log-probs as the behaviour's; here {why}. " + (
+                    "Set train.learner.behaviour: recompute or change that key"
+                )
+    if ln.behaviour in ("sampler", "first_forward"):
         for bad, why in checks:
             if bad:
+                took = "log-probs" if ln.behaviour == "sampler" else "entropies (the entropy diagnostic)"
                 return (
-                    f"{head} takes the sampler's log-probs as the behaviour policy's, which needs the sampler to "
+                    f"{head} takes the sampler's {took} as the behaviour policy's, which needs the sampler to "
                     f"be the trainer's own model; here {why}. Set train.learner.behaviour: recompute or change that key"
                 )
     if ln.behaviour == "sampler" and ln.precision != "float32":

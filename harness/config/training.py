@@ -109,7 +109,7 @@ class LearnerConfig(Strict):
     """Which passes an update runs (harness.rl.plan; docs/trainer.md#update-plan). The defaults run every
     pass as the trainer always has; each other value is named in the run's metrics (plan/*)."""
 
-    behaviour: Literal["recompute", "sampler"] = F(
+    behaviour: Literal["recompute", "sampler", "first_forward"] = F(
         "recompute",
         "Where the behaviour log-probs (and the entropy diagnostic) come from. recompute: a no-gradient pass of "
         "the trainer's model over every row. sampler: the log-probs and entropies our sampler recorded while "
@@ -117,7 +117,13 @@ class LearnerConfig(Strict):
         "rollout.staleness: 0, no cross-policy pool, rollout.backend hf or static); they differ from the "
         "recomputed ones by float rounding only (a KV-cached pass against a whole-sequence one). verl's "
         "rollout-correction bypass mode makes the same choice. A critic's values still need the pass: with "
-        "algo.critic.enabled the update recomputes.",
+        "algo.critic.enabled the update recomputes. first_forward: where the whole update is one on-policy "
+        "gradient step (algo.epochs 1, algo.minibatches 1), the training forward's own log-probs, detached, "
+        "are the behaviour's (verl's on-policy shortcut: the ratio is 1 by construction, in the learner's "
+        "precision), and the entropy diagnostic is the sampler's; refused where the behaviour log-probs are "
+        "needed before the step (a critic, KL in the reward, a correction, distillation, the SAMPO mask) or "
+        "the training forward is not the sampling policy (LoRA dropout), and where the sampler is not the "
+        "trainer's own model.",
     )
     reference_every: int = F(
         1,

@@ -87,7 +87,7 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
     (harness.rl.plan): recomputed in eval mode (LoRA dropout off), so the behaviour policy is the
     deterministic policy that sampled, or taken from the sampler. The reference runs in every update
     whose plan has it: KL to it is a diagnostic (diag/kl_*) even when no KL term is trained."""
-    if plan.behaviour == "sampler":
+    if plan.behaviour in ("sampler", "first_forward"):
         return _sampler_forward(policy, batch, cfg, plan)
     was_training = policy.model.training
     policy.model.eval()
@@ -128,7 +128,9 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
 def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan) -> Forward:
     """The Forward of the sampler path: the sampler's log-probs and entropies on the action tokens (0
     elsewhere; every consumer masks by the action or loss mask, and the config keeps observation tokens
-    out of the loss), and the reference pass alone when the plan has it."""
+    out of the loss), and the reference pass alone when the plan has it. Under first_forward the behaviour
+    log-probs are not known yet: a zero (B, T) tensor that the update fills with each micro-batch's training
+    forward (harness.rl.update)."""
     ref = None
     if plan.reference:
         was_training = policy.model.training
@@ -145,7 +147,8 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
     constrained = None
     if batch.allowed is not None:
         constrained = batch.to_rows(batch.stream_entropy_constrained) * m
-    return Forward(batch.sampler_logp * m, ref, None, entropy, constrained)
+    old = batch.sampler_logp * m if plan.behaviour == "sampler" else torch.zeros_like(batch.sampler_logp)
+    return Forward(old, ref, None, entropy, constrained)
 
 
 def _turn_sums(x_stream: torch.Tensor, turn: torch.Tensor, K: int) -> torch.Tensor:

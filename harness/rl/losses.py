@@ -31,6 +31,7 @@ class MicroLoss:
     loss: torch.Tensor
     terms: dict[str, torch.Tensor]
     stats: dict[str, torch.Tensor]
+    old_logp: torch.Tensor | None = None  # the behaviour log-probs taken from this forward (old_logp=None)
 
 
 def on_device(x: torch.Tensor | None, device) -> torch.Tensor | None:
@@ -113,7 +114,9 @@ def loss_terms(
     (the SAMPO sequence mask, docs/algorithms.md#sampo; rejections of `algo.correction`, docs/algorithms.md#off-policy).
     As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
     and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
-    token's policy loss, applied before aggregation (None = 1)."""
+    token's policy loss, applied before aggregation (None = 1). `old_logp` None: the micro-batch is on-policy
+    (train.learner.behaviour: first_forward) and its behaviour log-probs are this forward's own, detached;
+    they are returned in `MicroLoss.old_logp`."""
     a = cfg.algo
     agg = AGGREGATION.get(a.agg)
     logp, ent, values = policy_forward(
@@ -126,6 +129,9 @@ def loss_terms(
         allowed=mb.allowed,
         prefix=prefix_keys(mb) if shared_prefix else None,
     )
+    taken = old_logp is None
+    if taken:  # verl's on-policy shortcut: the ratio is 1, its gradient that of the log-prob
+        old_logp = logp.detach()
     pmask = mb.loss_mask if policy_mask is None else policy_mask
     clip = a.clip.params
     pl, stats = POLICY_LOSS.get(a.clip.level)(logp, old_logp, adv, pmask, mb.action_id, mb.traj_id, clip)
@@ -150,7 +156,7 @@ def loss_terms(
         loss = loss + a.obs_sft.coef * obs
         terms["loss/obs_sft"] = obs.detach()
     terms["loss/total"] = loss.detach()
-    return MicroLoss(loss, terms, stats)
+    return MicroLoss(loss, terms, stats, old_logp if taken else None)
 
 
 def observation_nll(logp: torch.Tensor, obs_mask: torch.Tensor, counts: AggParams | None) -> torch.Tensor:

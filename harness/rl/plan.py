@@ -5,7 +5,10 @@ An update can compute three no-gradient things before its gradient steps: the be
 values. The plan says which of them run and where the behaviour log-probs come from:
 
     behaviour  recompute: a pass of the trainer's model over every row, in eval mode;
-               sampler:   the log-probs and entropies our sampler recorded while drawing the tokens.
+               sampler:   the log-probs and entropies our sampler recorded while drawing the tokens;
+               first_forward: where the update is one on-policy step, the training forward's own log-probs,
+                          detached, filled in as each micro-batch runs (verl's on-policy shortcut), and the
+                          sampler's entropies.
                The sampler's are the same policy's only when the sampler is the trainer's own model
                (config-checked, `harness.config.schema.learner_problem`); a critic's values need the
                pass anyway, so with a critic the update recomputes.
@@ -35,7 +38,7 @@ from harness.rl.batch import TrainBatch
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    behaviour: str  # "recompute" or "sampler"
+    behaviour: str  # "recompute", "sampler" or "first_forward"
     reference: bool  # whether the reference log-probs are computed in this update
     shared_prefix: bool = False  # each group's common prefix runs once per pass (train.learner.shared_prefix)
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
@@ -46,6 +49,7 @@ class UpdatePlan:
             return {}
         return {
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
+            "plan/behaviour_first_forward": torch.tensor(float(self.behaviour == "first_forward")),
             "plan/reference": torch.tensor(float(self.reference)),
             "plan/shared_prefix": torch.tensor(float(self.shared_prefix)),
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
@@ -67,9 +71,10 @@ DEFAULT_PLAN = UpdatePlan(behaviour="recompute", reference=True)
 def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
     """The plan of update `update` (1-based) on `batch` under `cfg` (module docstring)."""
     ln = cfg.train.learner
-    sampler = ln.behaviour == "sampler" and not cfg.algo.critic.enabled and batch.stream_entropy is not None
+    # both read the sampler's entropies: a rollout that recorded none (e.g. a resumed batch) recomputes
+    recorded = ln.behaviour != "recompute" and not cfg.algo.critic.enabled and batch.stream_entropy is not None
     return UpdatePlan(
-        behaviour="sampler" if sampler else "recompute",
+        behaviour=ln.behaviour if recorded else "recompute",
         reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
         shared_prefix=ln.shared_prefix,
         logged=not ln.is_default,

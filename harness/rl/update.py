@@ -1,7 +1,8 @@
 """One RL update on an assembled batch, top to bottom:
 
 the update plan (harness.rl.plan: where the behaviour log-probs come from, whether the reference runs)
--> behaviour log-probs (recomputed, no grad, or the sampler's) + reference log-probs [+ values]
+-> behaviour log-probs (recomputed, no grad, or the sampler's; or, in a one-step on-policy update, each
+   micro-batch's training forward's own, filled in below) + reference log-probs [+ values]
 -> off-policy correction (algo.correction) from the sampler's and the behaviour log-probs
 -> advantages (algo.adv.estimator, then algo.adv.norm) on the trajectory token stream -> rows
 -> for epoch, minibatch (whole trajectories): for micro-batch: loss (`harness.rl.losses`)
@@ -208,6 +209,7 @@ def _minibatch_step(
         obs=global_counts(batch.obs_mask[mb_idx], agg) if a.obs_sft.coef > 0 and batch.obs_mask is not None else None,
     )
     own_mask = a.clip.seq_mask or corr.keep is not None
+    first = plan.behaviour == "first_forward"  # the behaviour log-probs come out of these forwards
     for micro, pmask in zip(micros, policy_masks):
         mb = batch.rows(micro)
         T = mb.input_ids.shape[1]
@@ -216,7 +218,7 @@ def _minibatch_step(
                 policy,
                 mb,
                 adv[micro, :T],
-                fwd.old_logp[micro, :T],
+                None if first else fwd.old_logp[micro, :T],
                 _pick(fwd.ref_logp, micro, T),
                 _pick(fwd.old_values, micro, T),
                 _pick(returns, micro, T),
@@ -229,6 +231,8 @@ def _minibatch_step(
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")
         out.loss.backward()
+        if first:
+            fwd.old_logp[micro, :T] = out.old_logp * mb.action_mask  # for the diagnostics after the step
         for k, v in {**out.terms, **{f"diag/{k}": v for k, v in out.stats.items()}}.items():
             sums.setdefault(k, []).append(v.detach().float())
     params = policy.actor_parameters() + (policy.critic_parameters() if a.critic.enabled else [])

@@ -67,7 +67,7 @@ class RolloutWorker:
         self.judge = build_judge(cfg, policy)  # reward.process (None when off)
         self.act_questions = act_questions(cfg)  # ACT questions per update in act.mode mixed (else 0)
         # train.learner.behaviour sampler: the update reads the sampler's entropies (harness.rl.plan)
-        self.records_entropy = cfg.train.learner.behaviour == "sampler"
+        self.records_entropy = cfg.train.learner.behaviour in ("sampler", "first_forward")
         self.env = make_env(cfg.env.name, cfg.env.options)  # task facts (instructions, task types, parser)
         self.venvs = VenvPool(cfg.env)  # vector envs by batch size (the trainer's evaluation uses them too)
         # env.skip_demo_tasks: RL's train tasks start after the demonstrations' train seeds

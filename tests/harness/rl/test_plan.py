@@ -299,3 +299,66 @@ def test_bfloat16_is_refused_with_the_sampler_behaviour():
     with pytest.raises(ConfigError, match="train.learner.precision = 'bfloat16'") as e:
         learner_cfg(behaviour="sampler", precision="bfloat16")
     assert "train.learner.behaviour: recompute" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the on-policy shortcut
+@pytest.mark.parametrize("constrain", [False, True])
+def test_the_first_forward_gives_the_recomputed_behaviour_loss_and_step(env, constrain):
+    cfg = learner_cfg(constrain=constrain, behaviour="first_forward")
+    assert cfg.algo.epochs == cfg.algo.minibatches == 1
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    t = env.trainer(cfg)
+    plan = make_plan(cfg, 1, env.batch(t, cfg))
+    assert plan.behaviour == "first_forward" and t.worker.records_entropy
+    fast, fast_w = _step(env, cfg, plan)
+    for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
+        assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    # the behaviour log-probs are the training forward's: against the sampler's they differ by the
+    # same float rounding as the recomputed pass's (both whole-sequence passes of the same weights)
+    assert fast["diag/logprob_mismatch"] == pytest.approx(plain["diag/logprob_mismatch"], rel=0.5)
+    assert 0 < fast["diag/logprob_mismatch"] < TOL
+    start = _weights(env.trainer(cfg))
+    assert (fast_w - plain_w).abs().max().item() < 1e-5 < (plain_w - start).abs().max().item()
+    assert fast["plan/behaviour_first_forward"] == 1 and fast["plan/behaviour_recomputed"] == 0
+
+
+def test_the_first_forward_in_bfloat16_keeps_the_ratio_at_one(env):
+    """With bfloat16 compute the first forward's log-probs are the behaviour's in that precision: every
+    ratio is exactly 1 (no token clipped), while the float32 behaviour against the bfloat16 training
+    forward would put their rounding gap into the ratio."""
+    cfg = learner_cfg(behaviour="first_forward", precision="bfloat16")
+    t = env.trainer(cfg)
+    fast, _ = _step(env, cfg, make_plan(cfg, 1, env.batch(t, cfg)))
+    clipped = [k for k in fast if k.startswith("diag/clip")]
+    assert clipped and all(fast[k] == 0 for k in clipped), {k: fast[k] for k in clipped}
+    assert fast["plan/bf16"] == 1 and fast["plan/behaviour_first_forward"] == 1
+    # the gap the ratio is spared: the bfloat16 forward against the float32 sampler, ~1e-2 per token
+    assert TOL < fast["diag/logprob_mismatch_max"] < BF16_TOL
+
+
+@pytest.mark.parametrize(
+    "algo,named",
+    [
+        ({"epochs": 2}, "algo.epochs = 2"),
+        ({"minibatches": 2}, "algo.minibatches = 2"),
+        ({"critic": {"enabled": True}, "adv": {"estimator": "gae", "norm": "batch"}}, "algo.critic.enabled"),
+        ({"kl": {"estimator": "k1", "where": "reward", "coef": 0.1}}, "algo.kl.where = 'reward'"),
+        ({"clip": {**GRPO["clip"], "seq_mask": True}}, "algo.clip.seq_mask"),
+        ({"correction": {"name": "tis_token"}}, "algo.correction.name"),
+    ],
+)
+def test_the_first_forward_is_refused_where_the_behaviour_is_needed_before_the_step(algo, named):
+    raw = raw_config(GRPO)
+    raw["algo"] = {**raw["algo"], **algo}
+    raw["train"] = {**raw["train"], "learner": {"behaviour": "first_forward"}}
+    with pytest.raises(ConfigError, match=named) as e:
+        validate_run_config(raw, "test")
+    assert "train.learner.behaviour 'first_forward'" in str(e.value)
+
+
+def test_the_first_forward_is_refused_under_lora_dropout():
+    raw = raw_config(GRPO)
+    raw["model"] = {**raw.get("model", {}), "lora": {**raw.get("model", {}).get("lora", {}), "dropout": 0.1}}
+    raw["train"] = {**raw["train"], "learner": {"behaviour": "first_forward"}}
+    with pytest.raises(ConfigError, match="model.lora.dropout"):
+        validate_run_config(raw, "test")
