@@ -22,9 +22,10 @@ This module reports, per contrast:
   interaction) shrink only the episode-noise part of the residual and of the task term, so at equal
   evaluation episodes they narrow the interval at most as much as more tasks: they are the lever
   only where the task pool is fixed (a folder of games).
-- for comparison, the same Δ without the crossing: with the tasks not paired (each arm's grid on its
-  own, `separate_interval`: what independent task draws per arm would give), and with the seeds not
-  paired (each arm's seed means on their own, Welch's df, tasks still paired: `unpaired_interval`).
+- for comparison, the same Δ without the crossing: with nothing paired (each arm's grid on its own,
+  `separate_interval`: what independent task draws per arm and independent seeds would give), and
+  with the seeds not paired (each arm's seed means on their own, Welch's df, tasks still paired:
+  `unpaired_interval`).
   The latter is valid when an arm's seed effect is not negatively correlated with its baseline's
   for the same seed (runs of one seed share their start and first rollout); the correlation of the
   arms' seed means, `rho`, is shown beside it. The table keeps the paired-by-seed interval, whose
@@ -195,7 +196,7 @@ def report_lines(found: list[Contrast], metric: str) -> list[str]:
         f"### Variance components of the Δ ({metric}, paired by seed and task)",
         "",
         "| contrast | seeds x tasks | Δ ± now | σ_seed | σ_task | σ_res | SE² seed / task / res | "
-        "± at 2x seeds | ± at 2x tasks | narrows most | ± tasks unpaired | ± seeds unpaired (Welch) | ρ seeds |",
+        "± at 2x seeds | ± at 2x tasks | narrows most | ± nothing paired | ± seeds unpaired (Welch) | ρ seeds |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rows = []
@@ -230,10 +231,10 @@ def report_lines(found: list[Contrast], metric: str) -> list[str]:
             "Components by the method of moments of the two-way crossed ANOVA of D = arm - baseline (seeds and "
             "tasks random, each σ² floored at 0); SE² = σ_seed²/n + σ_task²/m + σ_res²/(nm). '± at 2x' is the "
             "half-width the same model and df rule expect at twice the seeds or tasks, scaled to the observed one; "
-            "seeds cost a training run each, tasks only evaluation. " + samples + " 'Tasks unpaired': the interval "
-            "if each arm had drawn its own tasks (no common random numbers); 'seeds unpaired': each arm's seed "
-            "means on their own with Welch's df, valid only when ρ (the correlation of the arms' seed means) is "
-            "not negative; the table uses neither (docs/algorithms.md#statistics).",
+            "seeds cost a training run each, tasks only evaluation. " + samples + " 'Nothing paired': the interval "
+            "if each arm had drawn its own tasks and seeds (no common random numbers); 'seeds unpaired': each "
+            "arm's seed means on their own with Welch's df, valid only when ρ (the correlation of the arms' seed "
+            "means) is not negative; the table uses neither (docs/algorithms.md#statistics).",
         ]
     )
 
