@@ -24,7 +24,7 @@ from harness.bench.timing import NullLogger
 from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
-from harness.rl.plan import DEFAULT_PLAN, make_plan
+from harness.rl.plan import DEFAULT_PLAN, cpu_bf16, make_plan
 from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
 
@@ -43,17 +43,6 @@ SIDES = {
     "bf16+first_forward": {"precision": "bfloat16", "behaviour": "first_forward"},
     "bf16+first_forward+shared_prefix": {"precision": "bfloat16", "behaviour": "first_forward", "shared_prefix": True},
 }
-
-
-def cpu_bf16() -> str:
-    """The CPU's bfloat16 instructions as /proc/cpuinfo lists them ('' where it lists none or cannot be read):
-    without them autocast to bfloat16 runs, emulated, slower than float32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return ""
-    return " ".join(sorted(x for x in flags if x in ("avx512_bf16", "amx_bf16", "avx_ne_convert")))
 
 
 def _params(policy) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from harness.rl.batch import TrainBatch, build_batch, state_id
 from harness.rl.checkpoint import load_checkpoint, save_checkpoint
 from harness.rl.distill import teacher_stream
 from harness.rl.judge import process_metrics
-from harness.rl.plan import make_plan
+from harness.rl.plan import check_precision, make_plan
 from harness.rl.seeding import stream
 from harness.rl.update import make_optimizer, run_update
 from harness.rl.worker import RolloutBatch
@@ -45,6 +45,7 @@ class Learner:
         # env.mixture: metrics of every member apart (env/<label>/..., eval_<mode>/<label>/...)
         self.env_of = member_labels(env)
         self.optimizer = make_optimizer(policy, cfg)
+        check_precision(cfg, next(policy.model.parameters()).device)  # bfloat16 where the CPU has no units for it
 
     def learn(self, batch: RolloutBatch, budget: int) -> tuple[dict[str, float], dict[str, float] | None]:
         """(metrics, seconds) of update `batch.update`: the episodes' metrics, the update, the diagnostics.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.config.errors import warn
 from harness.config.schema import RunConfig
 from harness.rl.batch import TrainBatch
 
@@ -66,6 +67,30 @@ class UpdatePlan:
 
 
 DEFAULT_PLAN = UpdatePlan(behaviour="recompute", reference=True)
+
+
+def cpu_bf16() -> str:
+    """The CPU's bfloat16 instructions as /proc/cpuinfo lists them ('' where it lists none or cannot be read):
+    without them autocast to bfloat16 runs, emulated, slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    return " ".join(sorted(x for x in flags if x in ("avx512_bf16", "amx_bf16", "avx_ne_convert")))
+
+
+def check_precision(cfg: RunConfig, device: torch.device | str) -> None:
+    """A warning where train.learner.precision asks for bfloat16 on a CPU without bfloat16 instructions:
+    it runs, emulated, slower than float32, so the setting buys nothing there (and its numbers need not
+    match, bit for bit, those of a CPU that has the instructions: the kernels differ)."""
+    if cfg.train.learner.precision == "bfloat16" and torch.device(device).type == "cpu" and not cpu_bf16():
+        warn(
+            "train.learner.precision: bfloat16 on a CPU without bfloat16 instructions (no avx512_bf16 or amx_bf16 "
+            "in /proc/cpuinfo): autocast emulates it, slower than float32; set train.learner.precision: float32 "
+            "on this machine unless the run must match bfloat16 runs made elsewhere",
+            once_key="learner-precision-cpu",
+        )
 
 
 def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:

@@ -362,3 +362,20 @@ def test_the_first_forward_is_refused_under_lora_dropout():
     raw["train"] = {**raw["train"], "learner": {"behaviour": "first_forward"}}
     with pytest.raises(ConfigError, match="model.lora.dropout"):
         validate_run_config(raw, "test")
+
+
+def test_bfloat16_on_a_cpu_without_its_instructions_is_named_in_a_warning(monkeypatch):
+    import harness.rl.plan as plan_module
+    from harness.config.errors import ConfigWarning
+
+    cfg = learner_cfg(precision="bfloat16")
+    monkeypatch.setattr(plan_module, "cpu_bf16", lambda: "")  # the machine's CPU flags, not a component
+    with pytest.warns(ConfigWarning, match="train.learner.precision: bfloat16 on a CPU without"):
+        plan_module.check_precision(cfg, "cpu")
+    monkeypatch.setattr(plan_module, "cpu_bf16", lambda: "avx512_bf16")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan_module.check_precision(cfg, "cpu")
+        plan_module.check_precision(learner_cfg(), "cpu")
