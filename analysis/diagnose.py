@@ -133,6 +133,21 @@ def first_flag(rows: list[dict], keys: tuple[str, ...]) -> float:
     return math.nan
 
 
+MI_KEY, ENTROPY_KEY = "diag/mi_estimate", "diag/entropy"
+
+
+def first_mi(rows: list[dict]) -> dict[str, float]:
+    """The MI proxy at its first reading after update 0 (it is logged every train.mi_every updates, so
+    in a short run the first reading can fall after the early cut-offs), the update it was read at, and
+    the mean entropy over updates 1 to that one: the two readings RAGEN-2's claim compares."""
+    readings = sorted((_update(r), float(r[MI_KEY])) for r in rows if _number(r.get(MI_KEY)) and _update(r) >= 1)
+    if not readings:
+        return {"mi_first": math.nan, "mi_at": math.nan, "entropy_to_mi": math.nan}
+    at, mi = readings[0]
+    ent = [float(r[ENTROPY_KEY]) for r in rows if 1 <= _update(r) <= at and _number(r.get(ENTROPY_KEY))]
+    return {"mi_first": mi, "mi_at": float(at), "entropy_to_mi": float(np.mean(ent)) if ent else math.nan}
+
+
 def _eval_pairs(path: Path, mode: str) -> dict[int, dict[tuple, float]]:
     """{update: {(task, sample): success}} of one decoding mode from eval_tasks.jsonl."""
     out: dict[int, dict[tuple, float]] = {}
@@ -214,6 +229,7 @@ def sweep_points(path: str | Path, mode: str = "sampled") -> pd.DataFrame:
             "kl_spike_at": first_flag(rows, ("diag/kl_spike", "diag/kl_blowup")),
         }
         row.update(early_features(rows, planned))
+        row.update(first_mi(rows))
         out.append(row)
     df = pd.DataFrame(out)
     logged = [feature_column(d, CUTS[0]) for d in DIAGNOSTICS if d.key.startswith("diag/")]

@@ -37,8 +37,10 @@ def write_run(
     flip: bool = False,
     echo_before: bool = False,
     keys: tuple[str, ...] = (),
+    mi_every: int = 0,
 ) -> None:
-    """One finished run. `keys` restricts the diag/ metrics written (empty: all of them)."""
+    """One finished run. `keys` restricts the diag/ metrics written (empty: all of them). With
+    `mi_every`, the MI proxy every that many updates: its value tracks the final success."""
     rng = np.random.default_rng(seed)
     d = root / pid
     d.mkdir(parents=True)
@@ -57,6 +59,8 @@ def write_run(
             "diag/kl_spike": 0.0,
             "diag/echo_trap": float(echo_before and collapse and u >= UPDATES // 2),
         }
+        if mi_every and u % mi_every == 0:
+            row["diag/mi_estimate"] = final + float(rng.normal(0, 0.01))
         if keys:
             row = {k: v for k, v in row.items() if not k.startswith("diag/") or k in keys}
         rows.append(row)
@@ -84,6 +88,7 @@ def make_sweep(
     flip: bool = False,
     echo_before: bool = False,
     keys: tuple[str, ...] = (),
+    mi_every: int = 0,
 ) -> Path:
     """A sweep folder with `runs` runs, the first `collapses` of which collapse."""
     folder = root / name
@@ -91,7 +96,7 @@ def make_sweep(
     points = []
     for i in range(runs):
         pid = f"run{i:02d}__seed={i}"
-        write_run(folder, pid, i < collapses, 1000 * seed + i, flip, echo_before, keys)
+        write_run(folder, pid, i < collapses, 1000 * seed + i, flip, echo_before, keys, mi_every)
         points.append({"id": pid, "seed": i, "overrides": {}})
     manifest = {"name": name, "axes": [], "baseline": {}, "seeds": list(range(runs)), "points": points}
     (folder / "sweep.json").write_text(json.dumps(manifest))

@@ -111,6 +111,14 @@ def test_claims_verdicts(three_sweeps):
     assert found["ARLArena"].verdict == CONTRADICTED  # no spike in any run: never precedes a collapse
 
 
+def test_mi_claim_reads_the_first_mi_when_it_comes_after_the_cut_off(tmp_path: Path):
+    # MI every 10 of 20 updates: nothing in the first 25% (updates 1-5), its first reading at update 10
+    sweeps = [make_sweep(tmp_path, f"s{i}", seed=i, mi_every=10) for i in range(3)]
+    claim = claims(pooled_points(sweeps), reps=REPS)[0]
+    assert "MI at its first reading, update 10-10" in claim.claim
+    assert claim.verdict == SUPPORTED  # the planted MI follows the final success; entropy is noise
+
+
 def test_a_run_in_two_sweeps_counts_once(tmp_path: Path):
     a = make_sweep(tmp_path, "a", seed=0)
     b = tmp_path / "b"
