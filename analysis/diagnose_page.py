@@ -40,6 +40,17 @@ COLLAPSE_TEXT = (
 )
 
 
+COLUMNS = (
+    "Columns: ρ, Spearman's rank correlation of the diagnostic with the final held-out success over all "
+    "runs; within sweeps, the same with ranks centred inside each sweep (differences between sweeps, such "
+    "as the environment, left out); ΔR², what the standardised diagnostic adds to the R² of final ~ start; "
+    "AUROC, the chance that a collapsed run reads higher than a healthy one (below 0.5: lower); intervals "
+    "95%, from a bootstrap drawing sweeps, then runs inside them; LOSO, leave one sweep out: the held-out "
+    "sweep's ρ or AUROC in the direction the other sweeps chose, averaged over the folds where both are "
+    "defined (in brackets, the folds that agree with it)."
+)
+
+
 @dataclass
 class Diagnosis:
     paths: list[str]
@@ -57,6 +68,7 @@ def diagnose(paths: list[str | Path], mode: str = "sampled", reps: int = REPS) -
 def text_lines(dx: Diagnosis) -> list[str]:
     """Everything `harness diagnose` prints, as markdown."""
     lines = overview(dx.runs) + [f"Outcome: final held-out success, eval_{dx.mode}. {COLLAPSE_TEXT}", ""]
+    lines += [COLUMNS, ""]
     for cut in CUTS:
         lines += [f"Read over the first {cut:.0%} of updates:", ""]
         lines += table_lines([s for s in dx.scores if s.cut == cut]) + [""]
