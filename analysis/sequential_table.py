@@ -52,6 +52,19 @@ def capped_of(raw: dict) -> dict | None:
     return capped if isinstance(capped, dict) else None
 
 
+def capped_early(raw: dict) -> list[str]:
+    """The note of a sweep the time cap stopped before any contrast had a finished point (no looks to
+    show), else []."""
+    capped = capped_of(raw)
+    if capped is None:
+        return []
+    return [
+        f"Sequential seeds: the time cap of its last run ({capped.get('max_minutes')} minutes) stopped it in look "
+        f"{capped.get('look')} ({capped.get('seeds')} seeds) before its contrasts had results; the same command "
+        "resumes it."
+    ]
+
+
 def _points(rows: pd.DataFrame) -> dict[int, str]:
     return {int(s): p for s, p in zip(rows["seed"], rows["point"]) if not pd.isna(s)}
 

@@ -359,6 +359,8 @@ def build_table(
     if looks:
         extra_notes.append(sequential_table.decided_line(looks, block.verdicts))
         extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
+    elif plan_of(meta.raw, margin) is not None:
+        extra_notes += sequential_table.capped_early(meta.raw)
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}
     rest = _recorded(done, values, rest, bool(metrics), extra_notes)

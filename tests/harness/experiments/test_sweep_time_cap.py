@@ -139,3 +139,14 @@ def test_the_cli_says_the_cap_stopped_it_and_how_to_resume(tmp_path):
     assert "time cap of 0 minutes reached: 12 point(s) not started; run the same command again to resume" in out.stdout
     bad = subprocess.run(cmd[:5] + ["--max-minutes", "-1"], cwd=REPO, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "--max-minutes" in bad.stderr
+
+
+def test_a_cap_before_any_contrast_has_results_is_in_the_table(tmp_path):
+    folder = tmp_path / "early"
+    path = sweep_file(folder)
+    opts = RunOptions(folder / "results", max_minutes=30)
+    opts.train_fn = capped_at(opts, 1.0e-4, 0)  # the very first point
+    result = run_sweep(load_sweep(path), opts)
+    assert result.counts["done"] == 1 and result.counts["capped"] == 11
+    notes = "\n".join(table_for(folder / "results" / "s").notes)
+    assert "the time cap of its last run (30 minutes) stopped it in look 1 (3 seeds) before its contrasts" in notes
