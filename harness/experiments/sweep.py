@@ -248,7 +248,8 @@ def merge_manifest(old: Any, new: dict[str, Any]) -> dict[str, Any]:
     A run of part of a sweep (`--seeds 2`, say, beside a run of seeds 0 and 1 of the same file)
     must not drop the points the other run listed: when the old manifest describes the same sweep
     (SAME_SWEEP_KEYS agree), its points the new run does not list are kept, after the new ones,
-    and the seeds are the union. The command is that of the manifest whose seeds are the union,
+    and the seeds are the union (the sweep's seeds: a point's seed less its variant's seed_offset).
+    The command is that of the manifest whose seeds are the union,
     else the new one with its --seeds widened to the union. Otherwise the new manifest replaces
     the old (points of another base are kept apart by `analysis`, which warns about them)."""
     if not isinstance(old, dict) or any(old.get(k) != new.get(k) for k in SAME_SWEEP_KEYS):
@@ -258,7 +259,17 @@ def merge_manifest(old: Any, new: dict[str, Any]) -> dict[str, Any]:
     if not kept:
         return new
     out = dict(new)
-    seeds = sorted(set(new["seeds"]) | {int(p["seed"]) for p in kept if isinstance(p.get("seed"), int)})
+    # a point's seed less its variant's seed_offset is the sweep's seed it was run for
+    offsets = {
+        v.get("variant"): v.get("seed_offset") or 0
+        for m in (old, new)
+        for v in m.get("variants") or []
+        if isinstance(v, dict) and isinstance(v.get("seed_offset") or 0, int)
+    }
+    seeds = sorted(
+        set(new["seeds"])
+        | {int(p["seed"]) - offsets.get(p.get("variant"), 0) for p in kept if isinstance(p.get("seed"), int)}
+    )
     out["seeds"] = seeds
     known = {v["variant"] for v in new["variants"]}
     out["variants"] = list(new["variants"]) + [

@@ -309,3 +309,13 @@ def test_seed_offset_errors(tmp_path, point, seeds, expected):
     body = f"name: t\nbase: base.yaml\npoints:\n  - {{label: a}}\n  - {point}\nseeds: {seeds}\nbaseline: a\n"
     with pytest.raises(ConfigError, match=expected):
         load_sweep(write_sweep(tmp_path, body))
+
+
+def test_merged_manifest_counts_the_sweeps_seeds_not_the_offset_ones(tmp_path):
+    from harness.experiments.sweep import merge_manifest
+
+    path = write_sweep(tmp_path, "name: t\nbase: base.yaml\npoints: [{label: a}, {label: b, seed_offset: 1000}]\n")
+    first, second = (load_sweep(path, seeds=[s]).manifest() for s in (0, 1))
+    merged = merge_manifest(first, second)  # a run of --seeds 1 into the folder of a run of --seeds 0
+    assert sorted(p["seed"] for p in merged["points"]) == [0, 1, 1000, 1001]
+    assert merged["seeds"] == [0, 1] and merged["command"].endswith("--seeds 0,1")
