@@ -179,3 +179,9 @@ def test_the_results_page_quotes_the_measured_rate_and_keeps_it_with_the_section
     shutil.rmtree(root / "aa_calibration")
     kept = write_results_doc(root, out, sweeps).read_text()  # the sweep is gone: its section is kept
     assert "_Kept from the previous version" in kept and quoted[0] in kept.split("\n## Contents\n")[0]
+
+
+def test_too_few_seeds_give_no_rate_but_say_so(tmp_path):
+    cal = calibrate(make_aa_sweep(tmp_path / "aa", seeds=2, tasks=4), draws=20)
+    assert not cal.fixed and cal.sequential is None
+    assert "no measured rate yet" in finding(cal) and any("No pseudo-sweep yet" in line for line in markdown(cal))
