@@ -30,6 +30,7 @@ import yaml
 
 from analysis.cells import add_cells, format_value, short_axis_names  # noqa: F401 (re-exported)
 from analysis.configs import config_groups, diff_text
+from analysis.errors import AnalysisError  # noqa: F401 (re-exported: callers import it from here)
 from harness.store import (
     CONFIG,
     CORRUPT,
@@ -44,10 +45,6 @@ from harness.store import (
 
 SEED_KEY = "train.seed"
 COST_KEYS = ("cost/episodes", "cost/generated_tokens", "cost/wall_s")
-
-
-class AnalysisError(ValueError):
-    """The path is not a results folder, or a requested metric does not exist (one paragraph)."""
 
 
 @dataclass

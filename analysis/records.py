@@ -32,7 +32,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from analysis.load import AnalysisError
+from analysis.errors import AnalysisError
 from harness.store import point_dirs
 
 SUFFIX = ".records.jsonl.gz"

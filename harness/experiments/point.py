@@ -80,6 +80,11 @@ class RunOptions:
     deadline: float | None = None
 
 
+def past_deadline(opts: RunOptions) -> bool:
+    """True once the time cap of this run (opts.deadline, `harness sweep --max-minutes`) has passed."""
+    return opts.deadline is not None and time.time() >= opts.deadline
+
+
 # ----------------------------------------------------------------------------- the trainer
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")

@@ -35,6 +35,7 @@ from typing import Any
 from harness.experiments.base_config import other_configs, warning_text
 from harness.experiments.point import (
     RunOptions,
+    past_deadline,
     point_dir,
     point_state,
     resolve_train_fn,
@@ -153,11 +154,6 @@ def _run_points(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepRe
         if progress is not None:
             progress.end()
     return result
-
-
-def past_deadline(opts: RunOptions) -> bool:
-    """True once the time cap of this run (opts.deadline) has passed."""
-    return opts.deadline is not None and time.time() >= opts.deadline
 
 
 def _cap(result: SweepResult, pending: list[Point]) -> None:

@@ -30,8 +30,7 @@ from typing import Any
 
 from analysis.tasks import HIGHER_IS_BETTER, load_tasks, task_metric, task_scores
 from harness.config.errors import ConfigError
-from harness.experiments.point import RunOptions, point_dir, point_state
-from harness.experiments.runner import past_deadline
+from harness.experiments.point import RunOptions, past_deadline, point_dir, point_state
 from harness.experiments.sweep import Point, Sweep
 from harness.store import FINISHED, LOOKS, SWEEP_MANIFEST, atomic_write_json
 
