@@ -65,16 +65,38 @@ class Policy:
     value_head: ValueHead
     info: dict = field(default_factory=dict)  # provenance: base / sft cache keys, build metrics
     reference_copy: nn.Module | None = None  # full fine-tuning only
+    _adapters: list[nn.Module] | None = field(default=None, repr=False, compare=False)  # `reference`'s LoRA layers
 
     @contextmanager
     def reference(self) -> Iterator[nn.Module]:
-        """The reference policy (no gradients): adapter disabled, or the frozen copy."""
+        """The reference policy (no gradients): adapter disabled, or the frozen copy.
+
+        LoRA: the adapter layers are switched off and on again exactly as PEFT's `disable_adapter` does
+        for LoRA (`enable_adapters` on every tuner layer and auxiliary wrapper), on a list of those layers
+        found once, without the model-wide status survey PEFT runs on each entry: that survey walked every
+        module and printed each LoRA layer's repr, 8% of a tiny-model update's CPU time (profile in
+        docs/benchmarks.md#learner)."""
         with torch.no_grad():
             if self.finetune == "lora":
-                with self.model.disable_adapter():
+                layers = self._adapter_layers()
+                for layer in layers:
+                    layer.enable_adapters(False)
+                try:
                     yield self.model
+                finally:
+                    for layer in layers:
+                        layer.enable_adapters(True)
             else:
                 yield self.reference_copy
+
+    def _adapter_layers(self) -> list[nn.Module]:
+        if self._adapters is None:
+            from peft.tuners.tuners_utils import BaseTunerLayer
+            from peft.utils.other import AuxiliaryTrainingWrapper
+
+            kinds = (BaseTunerLayer, AuxiliaryTrainingWrapper)
+            self._adapters = [m for m in self.model.modules() if isinstance(m, kinds)]
+        return self._adapters
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Critic values (B, T) on the shared backbone."""
