@@ -28,10 +28,11 @@ that seed; for U-statistics its variance errs on the large side (Efron & Stein 1
 count as variance due to the runs: `rate_var` takes its expected size out and adds the draws' own
 Monte Carlo variance instead. The 95% interval is Wilson's score interval with the effective number
 of draws this variance implies (Kish's n_eff = r (1 - r) / var), so that it stays inside [0, 1] and
-is not symmetric near 0. When no draw errs the variance is 0 and says nothing: n_eff is then that of
-the single-test rate of the same draws (the most frequent event, with the same membership
-structure), else the number of pseudo-sweeps with disjoint seeds, n // k. What the interval
-covers: which seeds were run; not other configs, environments or machines.
+is not symmetric near 0. The variance of a rate over random k-subsets of n seeds is
+at most (k / n) r (1 - r) (Hoeffding 1948): n_eff is never taken below n / k, the worst case, and a
+rate no draw shows (variance 0, nothing to estimate from) gets that worst case. So with 20 seeds an
+interval around a rate of 0 at k = 3 still reaches about a third: the runs cannot rule out more. What
+the interval covers: which seeds were run; not other configs, environments or machines.
 
 The spread that float rounding alone induces (`chaos`): runs of the same seed differ only in the
 rounding of a mathematically identical update; their per-seed |Δ| of the final metric, at every
@@ -276,7 +277,15 @@ def rate_var(values: np.ndarray, members: np.ndarray) -> float:
     return max(jack - noise, 0.0) + s2 / draws
 
 
-def rate(values: np.ndarray, members: np.ndarray, fallback_neff: float | None = None) -> Rate:
+def least_neff(members: np.ndarray) -> float:
+    """n / k: the fewest effective draws a rate over random k-subsets of n seeds can have. Hoeffding
+    (1948, Ann. Math. Statist. 19(3)) bounds the variance of a U-statistic of degree k by
+    (k / n) Var(h), and a rate's kernel h in [0, 1] has Var(h) <= p (1 - p)."""
+    k = float(members.sum(axis=1).mean()) if members.size else 0.0
+    return members.shape[1] / k if k > 0 else math.nan
+
+
+def rate(values: np.ndarray, members: np.ndarray) -> Rate:
     """The mean of `values` over draws with its 95% interval (module docstring); NaN values (a draw
     without the kind of contrast the outcome counts) are left out."""
     keep = ~np.isnan(values)
@@ -285,28 +294,15 @@ def rate(values: np.ndarray, members: np.ndarray, fallback_neff: float | None = 
         return Rate(math.nan, math.nan, math.nan, 0.0, 0, math.nan)
     p = float(np.mean(values))
     var = rate_var(values, members)
-    if 0 < p < 1 and var > 0:
-        n_eff = p * (1 - p) / var
-    else:
-        n_eff = fallback_neff if fallback_neff is not None else math.nan
+    least = least_neff(members)
+    n_eff = max(p * (1 - p) / var, least) if 0 < p < 1 and var > 0 else least
     lo, hi = wilson(p, n_eff)
     return Rate(p, lo, hi, float(np.sum(values)), len(values), n_eff)
 
 
 def rates(d: Draws) -> dict[str, Rate]:
-    """Every outcome's rate. An outcome no draw shows (or every draw) borrows n_eff from the most
-    frequent error outcome of the same draws (the single test's, else the naive rule's, else any);
-    when none has one, n_eff is the number of pseudo-sweeps with disjoint seeds the runs hold
-    (n // k), the information of draws that share no run."""
-    out = {name: rate(v, d.members) for name, v in d.outcomes.items()}
-    keys = ("single", "naive", "contrast", "family", "equivalent", "undetermined")
-    ref = next((out[k].n_eff for k in keys if k in out and math.isfinite(out[k].n_eff)), None)
-    if ref is None:
-        ref = float(d.members.shape[1] // max(int(round(d.members.sum(axis=1).mean())), 1))
-    for name, r in out.items():
-        if not math.isfinite(r.n_eff):
-            out[name] = rate(d.outcomes[name], d.members, ref)
-    return out
+    """Every outcome's rate with its interval."""
+    return {name: rate(v, d.members) for name, v in d.outcomes.items()}
 
 
 # ----------------------------------------------------------------------------- float-path chaos

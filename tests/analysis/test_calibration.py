@@ -106,8 +106,12 @@ def test_wilson_by_hand_and_the_interval_of_a_rate():
     # values of draws without seed 0: 0.5 (draws 2, 3); without seed 1: 0 (draws 0, 1); seed 2: in all
     values = np.array([0.0, 0.0, 1.0, 0.0])
     assert jackknife_var(values, members) == pytest.approx(0.5 * (0.5 - 0.25) ** 2 * 2)
-    none = rate(np.zeros(4), members, fallback_neff=30.0)
-    assert none.value == 0 and none.lo == 0 and 0 < none.hi < 0.15  # no event: the fallback's Wilson bound
+    none = rate(np.zeros(4), members)  # no event: Wilson at the worst case n / k = 3 / 2 (Hoeffding)
+    assert none.value == 0 and none.lo == pytest.approx(0, abs=1e-12) and none.n_eff == 1.5
+    assert none.hi == pytest.approx(1.96**2 / (1.5 + 1.96**2), abs=1e-3)
+    many = np.zeros((400, 20), dtype=bool)
+    many[:, :3] = True  # every draw on the same 3 seeds: nothing to average over, n_eff stays >= 20 / 3
+    assert rate(np.r_[np.ones(20), np.zeros(380)], many).n_eff >= 20 / 3
 
 
 def test_draw_noise_is_not_counted_as_variance_of_the_runs():
