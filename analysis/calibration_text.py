@@ -106,8 +106,9 @@ def markdown(cal: Calibration, labels: dict[str, str] | None = None) -> list[str
         f"Pseudo-sweeps draw k of the seed indices (the same for every arm) and one arm as the baseline at "
         f"random, and go through the table's own interval and verdict code ({cal.draws} draws per k, numpy "
         f"seed {cal.seed}). Intervals: 95% Wilson at the effective number of draws that a delete-one-seed "
-        "jackknife over the runs gives (pseudo-sweeps reuse the same runs; the interval covers which seeds were "
-        "run, not other configs or machines). The nominal rate of a false better/worse is at most "
+        "jackknife over the runs gives, never fewer than n / k (the worst case a U-statistic allows, which a rate "
+        "no draw shows gets): pseudo-sweeps reuse the same runs, and the interval covers which seeds were run, not "
+        "other configs or machines. The nominal rate of a false better/worse is at most "
         f"{FAMILY_ALPHA:g} for a sweep (Holm over its contrasts) and {FAMILY_ALPHA:g} for a contrast tested alone.",
         "",
     ]
