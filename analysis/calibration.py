@@ -66,6 +66,7 @@ from harness.store import FINISHED, METRICS
 SWEEP = "aa_calibration"  # the shipped A/A sweep (results_doc adds its calibration to the page)
 SEED_COUNTS = (3, 5, 10)  # seeds per arm of the pseudo-sweeps: what users run
 SEQUENTIAL = Plan(start=3, step=2, max=15)  # the seed budget of docs/user-guide.md#sequential-seeds
+P_LEVELS = (0.05, 0.1, 0.2, 0.5)  # a calibrated test rejects a null contrast at each level at that rate
 KINDS = ("paired", "unpaired")  # contrasts of two arms on the same train.seed (paired by seed), or not
 Z95 = float(stats.norm.ppf(0.975))
 
@@ -170,6 +171,7 @@ def fixed_draws(runs: Runs, k: int, draws: int, rng: np.random.Generator) -> Dra
     names = ("family", "contrast", "single", "equivalent", "undetermined")
     out = {name: np.zeros(draws) for name in names}
     out.update({f"{name}_{kind}": np.full(draws, np.nan) for name in ("single", "equivalent") for kind in KINDS})
+    out.update({f"p<{a:g}": np.full(draws, np.nan) for a in P_LEVELS})
     for r in range(draws):
         rows = rng.choice(n, size=k, replace=False)
         members[r, rows] = True
@@ -183,6 +185,10 @@ def fixed_draws(runs: Runs, k: int, draws: int, rng: np.random.Generator) -> Dra
         out["single"][r] = _false(alone).mean()
         out["equivalent"][r] = np.mean([w == "equivalent" for w in words])
         out["undetermined"][r] = np.mean([w in ("undetermined", "degenerate") for w in words])
+        p = np.array([iv.p_value() for iv in ivs if not iv.degenerate])  # unadjusted, as a test alone
+        p = p[np.isfinite(p)]
+        for a in P_LEVELS:
+            out[f"p<{a:g}"][r] = np.mean(p < a) if p.size else np.nan
         for kind in KINDS:  # the same, apart for contrasts on the baseline's seeds and on other seeds
             mine = [i for i, a in enumerate(arms) if (runs.offsets[a] == runs.offsets[base]) == (kind == "paired")]
             if mine:

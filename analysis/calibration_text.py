@@ -8,11 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.calibration import KINDS, SEED_COUNTS, Calibration, Chaos, Draws, Rate, calibrate
+from analysis.calibration import KINDS, P_LEVELS, SEED_COUNTS, Calibration, Chaos, Draws, Rate, calibrate
 from analysis.intervals import FAMILY_ALPHA
 from analysis.load import AnalysisError
 
 FINDING_PREFIX = "**A/A calibration of this harness.**"
+P_INTRO = (
+    "A finer check of the same draws, which a rare event cannot give: under the null a calibrated test's p-values "
+    "are uniform, so the share of contrasts (tested alone, degenerate ones left out) with p below each level "
+    "should be that level:"
+)
 KINDS_INTRO = (
     "The same draws, contrasts on the baseline's own seeds (paired by seed and task, as the table pairs them) "
     "apart from contrasts of arms on other seeds (unpaired by seed):"
@@ -79,6 +84,16 @@ def chaos_table(ch: Chaos, labels: dict[str, str]) -> list[str]:
     return lines
 
 
+def p_table(cal: Calibration) -> list[str]:
+    """The share of (non-degenerate) null contrasts whose unadjusted p-value falls below each level:
+    for a calibrated test each share equals its level (uniform p-values, Kohavi, Tang & Xu 2020)."""
+    head = ["pseudo-sweeps", *(f"p < {a:g}" for a in P_LEVELS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for d, r in cal.fixed:
+        lines.append(f"| {d.label} | " + " | ".join(_cell(r, f"p<{a:g}") for a in P_LEVELS) + " |")
+    return lines
+
+
 def kinds_table(cal: Calibration) -> list[str]:
     """The fixed-n rates apart for contrasts paired by seed (two arms on the same train.seeds) and
     unpaired (a copy on other seeds): each tested alone, and equivalent within the sweep's family."""
@@ -115,7 +130,7 @@ def markdown(cal: Calibration, labels: dict[str, str] | None = None) -> list[str
     if not cal.fixed:
         lines += [f"No pseudo-sweep yet: fewer than {min(SEED_COUNTS)} seeds finished by every arm.", ""]
     else:
-        lines += [*rates_table(cal), "", KINDS_INTRO, "", *kinds_table(cal), ""]
+        lines += [*rates_table(cal), "", KINDS_INTRO, "", *kinds_table(cal), "", P_INTRO, "", *p_table(cal), ""]
     if cal.sequential:
         d, r = cal.sequential
         lines += [

@@ -78,6 +78,7 @@ def test_under_the_null_the_rates_are_near_their_nominal_level():
     assert r["family"].value <= 0.05 + 0.03  # Holm over the sweep: at most 5%
     assert r["contrast"].value <= r["single"].value  # Holm never rejects more than the test alone
     assert r["single"].lo <= r["single"].value <= r["single"].hi
+    assert abs(r["p<0.5"].value - 0.5) < 0.1 and abs(r["p<0.2"].value - 0.2) < 0.06  # p-values near uniform
 
 
 def test_a_planted_shift_is_not_a_null():
@@ -85,6 +86,7 @@ def test_a_planted_shift_is_not_a_null():
     r = rates(fixed_draws(runs, 10, 300, np.random.default_rng(2)))
     assert r["family"].value > 0.5  # the shifted arm is found in most pseudo-sweeps
     assert r["single"].value > 0.3
+    assert r["p<0.5"].value > 0.75  # far from uniform
 
 
 def test_the_sequential_rule_holds_where_re_reading_the_table_does_not():
