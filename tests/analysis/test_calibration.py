@@ -139,8 +139,8 @@ def test_calibrate_and_its_text_on_a_results_folder(tmp_path):
     lines = markdown(cal)
     table = [line for line in lines if line.startswith(("| 3 seeds, ", "| 5 seeds, "))]
     assert len(table) == 2 and all(line.count(" | ") == 6 for line in table)
-    kinds = [line for line in lines if line.startswith(("| 3 seeds |", "| 5 seeds |"))]
-    assert len(kinds) == 2 and all(line.count(" | ") == 4 for line in kinds)
+    rows = [line for line in lines if line.startswith(("| 3 seeds |", "| 5 seeds |"))]
+    assert len(rows) == 4 and all(line.count(" | ") == 4 for line in rows)  # paired / unpaired; p-value levels
     assert cal.chaos.diverged == {"noop": [SPLIT] * 6}  # the copy runs other seeds: not compared
     assert any(f"| {SPLIT} / {SPLIT} / {SPLIT} |" in line for line in lines)
     assert any("\\|Δ\\| at update 4" in line for line in lines)  # pipes escaped inside a table
