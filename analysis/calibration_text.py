@@ -169,6 +169,7 @@ def finding(cal: Calibration, sweep: str = "aa_calibration") -> str:
         )
     fam = "; ".join(f"{r.text()} at {d.label}" for d, r in _rate_at(cal, "family"))
     single = "; ".join(f"{r.text()} at {d.label}" for d, r in _rate_at(cal, "single"))
+    half = "; ".join(f"{r.text()} at {d.label}" for d, r in _rate_at(cal, "p<0.5"))
     seq = ""
     if cal.sequential:
         d, r = cal.sequential
@@ -186,7 +187,7 @@ def finding(cal: Calibration, sweep: str = "aa_calibration") -> str:
         f"{FINDING_PREFIX} On [{sweep}](#{sweep}), {len(cal.runs.arms)} arms of one config ({len(cal.runs.index)} "
         f"seeds each) whose contrasts are all null, pseudo-sweeps of {len(cal.runs.arms) - 1} contrasts got a false "
         f"better / worse in {fam} (nominal ≤ {FAMILY_ALPHA:g}, 95% intervals over the runs){seq}; a contrast tested "
-        f"alone: {single}.{drift}"
+        f"alone: {single}; its p-value below 0.5 in {half} (uniform, i.e. calibrated: 50%).{drift}"
     )
 
 
