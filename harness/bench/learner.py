@@ -42,6 +42,15 @@ SIDES = {
     "first_forward": {"behaviour": "first_forward"},
     "bf16+first_forward": {"precision": "bfloat16", "behaviour": "first_forward"},
     "bf16+first_forward+shared_prefix": {"precision": "bfloat16", "behaviour": "first_forward", "shared_prefix": True},
+    # the lm_head only where the update reads a log-prob
+    "needed": {"logprob_positions": "needed"},
+    "bf16+first_forward+needed": {"precision": "bfloat16", "behaviour": "first_forward", "logprob_positions": "needed"},
+    "bf16+first_forward+shared_prefix+needed": {
+        "precision": "bfloat16",
+        "behaviour": "first_forward",
+        "shared_prefix": True,
+        "logprob_positions": "needed",
+    },
 }
 
 
@@ -125,6 +134,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
                 "reference": p.reference,
                 "shared_prefix": p.shared_prefix,
                 "precision": p.precision,
+                "needed_positions": p.needed_positions,
             }
             for k, p in plans.items()
         },

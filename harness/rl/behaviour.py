@@ -22,7 +22,7 @@ from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
 from harness.rl.batch import TrainBatch, pack_units, prefix_keys, prefix_units, row_groups
-from harness.rl.losses import on_device, policy_forward
+from harness.rl.losses import head_positions, on_device, policy_forward
 from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
 
@@ -51,7 +51,9 @@ def forward_slices(batch: TrainBatch, size: int, tokens: int, shared_prefix: boo
     return [torch.tensor(g) for g in row_groups(lengths, size, tokens)]
 
 
-def _reference_logp(policy, mb: TrainBatch, temperature: float, shared_prefix: bool = False) -> torch.Tensor:
+def _reference_logp(
+    policy, mb: TrainBatch, temperature: float, shared_prefix: bool = False, need: torch.Tensor | None = None
+) -> torch.Tensor:
     with policy.reference() as ref_model:
         dev = next(ref_model.parameters()).device
         rlp, _ = token_logprobs(
@@ -61,11 +63,14 @@ def _reference_logp(policy, mb: TrainBatch, temperature: float, shared_prefix: b
             temperature=temperature,
             allowed=on_device(mb.allowed, dev),
             prefix_keys=prefix_keys(mb) if shared_prefix else None,
+            token_mask=on_device(need, dev),
         )
     return rlp.to(mb.input_ids.device)
 
 
-def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values: bool, shared_prefix: bool):
+def _constrained_forward(
+    policy, mb: TrainBatch, temperature: float, with_values: bool, shared_prefix: bool, need: torch.Tensor
+):
     """Under constrained decoding: log-probs and entropy of the constrained policy, the
     full-vocabulary entropy and the values (or None), from ONE backbone pass. The two heads read
     the same hidden states, so this computes exactly what two separate passes computed, without
@@ -73,10 +78,13 @@ def _constrained_forward(policy, mb: TrainBatch, temperature: float, with_values
     home, dev = mb.input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
     hidden = hidden_states(policy.model, ids, attn, prefix_keys(mb) if shared_prefix else None)  # (B, T, H)
+    need = on_device(need, dev)
     lp, ent_c = logprobs_from_hidden(
-        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed
+        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed, token_mask=need
     )
-    _, ent = logprobs_from_hidden(policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True)
+    _, ent = logprobs_from_hidden(
+        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, token_mask=need
+    )
     v = values_from_hidden(policy.value_head, hidden, attn) if with_values else None
     return on_device(lp, home), on_device(ent_c, home), on_device(ent, home), on_device(v, home)
 
@@ -100,6 +108,7 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
         ent_c = None
+        need = head_positions(mb, cfg)  # the positions whose log-probs the update reads
         if mb.allowed is None:
             lp, ent, v = policy_forward(
                 policy,
@@ -109,10 +118,11 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
                 with_entropy=True,
                 with_values=cfg.algo.critic.enabled,
                 prefix=prefix_keys(mb) if share else None,
+                token_mask=need,
             )
         else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
-            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled, share)
-        ref = _reference_logp(policy, mb, temperature, share) if plan.reference else None
+            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled, share, need)
+        ref = _reference_logp(policy, mb, temperature, share, need) if plan.reference else None
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
@@ -138,7 +148,10 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
         T = batch.input_ids.shape[1]
         share = plan.shared_prefix
         slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, share)
-        refs = [_reference_logp(policy, batch.rows(idx), cfg.rollout.temperature, share) for idx in slices]
+        refs = []
+        for idx in slices:
+            mb = batch.rows(idx)
+            refs.append(_reference_logp(policy, mb, cfg.rollout.temperature, share, head_positions(mb, cfg)))
         parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]
         policy.model.train(was_training)
         ref = torch.cat(parts, 0)[torch.cat(slices).argsort()]

@@ -38,6 +38,23 @@ def on_device(x: torch.Tensor | None, device) -> torch.Tensor | None:
     return None if x is None else x.to(device)
 
 
+def head_positions(mb: TrainBatch, cfg: RunConfig) -> torch.Tensor | None:
+    """Under train.learner.logprob_positions: needed, (B, T) bool: the tokens whose log-probs an update
+    reads: the loss mask (policy loss, KL, entropy), the action tokens (the behaviour's diagnostics, the
+    correction, KL in the reward) and, with observation SFT, the observation tokens; the lm_head and its
+    log-softmax then run on these alone (on a SmolLM2 FrozenLake batch 160 of 4,264 positions, the others'
+    log-probs being computed over the 49,152-token vocabulary only for every consumer to mask them away).
+    None (every position) under `all`, the default: fewer rows change the lm_head's matrix shapes and so
+    the float rounding of the rows kept (a tiny FrozenLake run departs in the last bits at update 26),
+    so published runs keep their path."""
+    if cfg.train.learner.logprob_positions == "all":
+        return None
+    need = mb.loss_mask.bool() | mb.action_mask.bool()
+    if cfg.algo.obs_sft.coef > 0 and mb.obs_mask is not None:
+        need = need | mb.obs_mask.bool()
+    return need
+
+
 def policy_forward(
     policy,
     input_ids,
@@ -48,6 +65,7 @@ def policy_forward(
     with_values: bool,
     allowed: torch.Tensor | None = None,
     prefix: torch.Tensor | None = None,
+    token_mask: torch.Tensor | None = None,
 ):
     """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
     pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
@@ -55,9 +73,11 @@ def policy_forward(
 
     The batch lives on the CPU; only this pass runs on the model's device (GPU), and its (B, T)
     outputs come back to the batch's device, gradients flowing through the copies. `prefix` (B,): rows
-    with the same key run their common prefix once (train.learner.shared_prefix)."""
+    with the same key run their common prefix once (train.learner.shared_prefix). `token_mask` (B, T):
+    the positions whose log-probs and entropies are computed (`head_positions`); 0 elsewhere."""
     home, dev = input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(input_ids, dev), on_device(attention_mask, dev), on_device(allowed, dev)
+    token_mask = on_device(token_mask, dev)
     if not with_values:
         lp, ent = token_logprobs(
             policy.model,
@@ -67,11 +87,19 @@ def policy_forward(
             with_entropy=with_entropy,
             allowed=allowed,
             prefix_keys=prefix,
+            token_mask=token_mask,
         )
         return on_device(lp, home), on_device(ent, home), None
     hidden = hidden_states(policy.model, ids, attn, prefix)  # (B, T, H)
     lp, ent = logprobs_from_hidden(
-        policy.model, hidden, ids, attn, temperature=temperature, with_entropy=with_entropy, allowed=allowed
+        policy.model,
+        hidden,
+        ids,
+        attn,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        allowed=allowed,
+        token_mask=token_mask,
     )
     return (
         on_device(lp, home),
@@ -128,6 +156,7 @@ def loss_terms(
         with_values=a.critic.enabled,
         allowed=mb.allowed,
         prefix=prefix_keys(mb) if shared_prefix else None,
+        token_mask=head_positions(mb, cfg),
     )
     taken = old_logp is None
     if taken:  # verl's on-policy shortcut: the ratio is 1, its gradient that of the log-prob

@@ -18,6 +18,7 @@ values. The plan says which of them run and where the behaviour log-probs come f
                group's common prefix once (harness.model.logprobs.shared_prefix_hidden_states), its
                micro-batches made of whole groups (harness.rl.batch.prefix_units).
 
+    positions  train.learner.logprob_positions: needed runs the lm_head only where the update reads a log-prob.
     precision  train.learner.precision: bfloat16 runs those passes and the training forward under autocast
                (`UpdatePlan.compute`); weights, gradients and the optimizer stay in their own dtype.
 
@@ -44,6 +45,7 @@ class UpdatePlan:
     shared_prefix: bool = False  # each group's common prefix runs once per pass (train.learner.shared_prefix)
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
     precision: str = "float32"  # compute dtype of the learner's passes (train.learner.precision)
+    needed_positions: bool = False  # log-probs only where the update reads them (train.learner.logprob_positions)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         if not self.logged:
@@ -54,6 +56,7 @@ class UpdatePlan:
             "plan/reference": torch.tensor(float(self.reference)),
             "plan/shared_prefix": torch.tensor(float(self.shared_prefix)),
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
+            "plan/needed_positions": torch.tensor(float(self.needed_positions)),
         }
 
     def compute(self, device: torch.device | str) -> AbstractContextManager:
@@ -104,4 +107,5 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
         shared_prefix=ln.shared_prefix,
         logged=not ln.is_default,
         precision=ln.precision,
+        needed_positions=ln.logprob_positions == "needed",
     )

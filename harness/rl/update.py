@@ -27,7 +27,7 @@ from harness.config.schema import RunConfig
 from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_keys, prefix_units
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
-from harness.rl.losses import Denominators, loss_terms, policy_forward
+from harness.rl.losses import Denominators, head_positions, loss_terms, policy_forward
 from harness.rl.mismatch import Correction, batch_correction, mismatch_diagnostics
 from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
@@ -153,6 +153,7 @@ def _policy_masks(
             with_values=False,
             allowed=mb.allowed,
             prefix=prefix_keys(mb) if shared_prefix else None,
+            token_mask=head_positions(mb, cfg),
         )
         out.append(
             negative_advantage_seq_mask(

@@ -93,7 +93,13 @@ def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
 
     cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 4}, turns={"max": 3})
     out = bench_learner(cfg, repeats=1)
-    plain_plan = {"behaviour": "recompute", "reference": True, "shared_prefix": False, "precision": "float32"}
+    plain_plan = {
+        "behaviour": "recompute",
+        "reference": True,
+        "shared_prefix": False,
+        "precision": "float32",
+        "needed_positions": False,
+    }
     assert out["plans"]["plain"] == plain_plan
     assert out["plans"]["sampler+shared_prefix"] == {**plain_plan, "behaviour": "sampler", "shared_prefix": True}
     assert out["plans"]["bf16"] == {**plain_plan, "precision": "bfloat16"}

@@ -379,3 +379,35 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_named_in_a_warning(monkey
         warnings.simplefilter("error")
         plan_module.check_precision(cfg, "cpu")
         plan_module.check_precision(learner_cfg(), "cpu")
+
+
+# ----------------------------------------------------------------------------- log-probs where they are read
+@pytest.mark.parametrize("constrain,obs_sft", [(False, False), (True, False), (False, True)])
+def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, constrain, obs_sft):
+    from harness.rl.losses import head_positions
+
+    cfg = learner_cfg(constrain=constrain, logprob_positions="needed")
+    if obs_sft:
+        raw = raw_config({**GRPO, "mask": False})
+        raw["algo"]["obs_sft"] = {"coef": 0.1}
+        raw["train"] = {**raw["train"], "learner": {"logprob_positions": "needed"}}
+        cfg = validate_run_config(raw, "test")
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    need = head_positions(batch, cfg)
+    assert head_positions(batch, learner_cfg()) is None  # the default computes every position
+    assert 0 < int(need.sum()) < int(batch.attention_mask[:, 1:].sum())  # some positions are skipped
+    assert bool((need | ~batch.loss_mask.bool()).all()) and bool((need | ~batch.action_mask.bool()).all())
+    plan = make_plan(cfg, 1, batch)
+    assert plan.needed_positions
+    every, only = behaviour_forward(t.policy, batch, cfg), behaviour_forward(t.policy, batch, cfg, plan)
+    assert (every.old_logp - only.old_logp)[need].abs().max().item() < TOL
+    assert (every.ref_logp - only.ref_logp)[need].abs().max().item() < TOL
+    assert (only.old_logp[~need] == 0).all() and (only.entropy[~need] == 0).all()
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    fast, fast_w = _step(env, cfg, make_plan(cfg, 1, env.batch(env.trainer(cfg), cfg)))
+    keys = ["loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"]
+    for key in keys + (["loss/obs_sft"] if obs_sft else []):
+        assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    assert (fast_w - plain_w).abs().max().item() < 1e-5
+    assert fast["plan/needed_positions"] == 1
