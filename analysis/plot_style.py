@@ -4,7 +4,8 @@ The palette is Okabe and Ito's (2008) colour-blind-safe set, reordered so that n
 in hue and lightness, with black and grey instead of its yellow, which vanishes on white; past
 nine lines, husl hues. One axis: one colour and marker per cell. Two axes: colour = first axis,
 line style and marker = second; in small multiples (one panel per value of the first axis) colour
-= second axis. Points of another base config have hollow markers.
+= second axis; two cells with the same values of both (a relabelled copy) make it one colour per
+cell. Points of another base config have hollow markers.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def line_styles(results: pd.DataFrame, by: int | None = None) -> dict[str, LineS
     1); default: the first of two axes, else one colour per cell."""
     meta = results.attrs["sweep"]
     first = results.drop_duplicates("label")
-    grid = len(meta.axes) == 2
+    # a grid of two axes, unless two cells share both values (relabelled copies, as in an A/A sweep),
+    # which its colour and line style could not tell apart: then one colour per cell
+    grid = len(meta.axes) == 2 and len(first[meta.axes].astype(str).drop_duplicates()) == len(first)
     axis = by if by is not None else 0
     values = [list(dict.fromkeys(str(v) for v in first[a])) for a in meta.axes] if grid else []
     colors = palette(len(values[axis]) if grid else len(first))

@@ -243,3 +243,29 @@ def test_mismatch_figure_only_for_off_policy_data(tmp_path):
     ess = panels["effective sample size of the weights"]
     tops = [p.get_paths()[0].vertices[:, 1].max() for p in ess.collections if p.get_paths()]
     assert tops and max(tops) <= 1.0  # the seeds' band is cut at an ESS of 1
+
+
+def test_relabelled_copies_get_lines_of_their_own():
+    """Two axes whose values two cells share (an A/A sweep's baseline and its copy): one colour per cell."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from analysis.plot_style import line_styles
+
+    axes = ["algo.correction.name", "algo.micro_batch_tokens"]
+    df = pd.DataFrame(
+        {
+            "label": ["baseline", "baseline-copy", "tis", "mb512"],
+            axes[0]: ["none", "none", "tis_token", "none"],
+            axes[1]: [1024, 1024, 1024, 512],
+            "group_label": ["", "", "", ""],
+        }
+    )
+    df.attrs["sweep"] = SimpleNamespace(axes=axes)
+    styles = line_styles(df)
+    assert len({(s.color, s.linestyle, s.marker) for s in styles.values()}) == 4
+    grid = df[df["label"] != "baseline-copy"].copy()  # a true grid keeps colour = first axis
+    grid.attrs["sweep"] = df.attrs["sweep"]
+    by_axis = line_styles(grid)
+    assert by_axis["baseline"].color == by_axis["mb512"].color != by_axis["tis"].color
