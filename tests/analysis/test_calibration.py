@@ -25,7 +25,7 @@ from analysis.calibration import (
 from analysis.calibration_text import FINDING_PREFIX, finding, markdown
 from analysis.intervals import grid_interval, unpaired_interval
 from analysis.sequential import Plan
-from tests.analysis.synthetic_aa import SPLIT, make_aa_sweep
+from synthetic_aa import SPLIT, make_aa_sweep
 
 
 def normal_runs(seeds: int, shift: float = 0.0, tasks: int = 16, rng_seed: int = 0) -> Runs:
