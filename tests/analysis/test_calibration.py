@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from synthetic_aa import SPLIT, make_aa_sweep
 
 from analysis.calibration import (
     Runs,
@@ -25,7 +26,6 @@ from analysis.calibration import (
 from analysis.calibration_text import FINDING_PREFIX, finding, markdown
 from analysis.intervals import grid_interval, unpaired_interval
 from analysis.sequential import Plan
-from synthetic_aa import SPLIT, make_aa_sweep
 
 
 def normal_runs(seeds: int, shift: float = 0.0, tasks: int = 16, rng_seed: int = 0) -> Runs:
