@@ -99,6 +99,22 @@ def figure(dx: Diagnosis) -> Figure:
                 face = "#0072B2" if k == 0 else "white"
                 ax.plot(est.value, y, "o", color="#0072B2" if k == 0 else "#E69F00", mfc=face, ms=5)
         ax.set_title(title, fontsize=10)
+        if field == "auc" and not any(
+            math.isfinite(s.auc.value) for s in dx.scores if s.diagnostic.name in names
+        ):  # an empty panel would read as a plotting fault
+            n = len(dx.runs)
+            why = f"no run of the {n} collapsed:\nno AUROC to draw" if n else "no runs"
+            ax.text(
+                0.5,
+                0.5,
+                why,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="#555555",
+                bbox={"facecolor": "white", "edgecolor": "none"},
+            )
         ax.set_xlim(-1.05, 1.05) if field == "rho" else ax.set_xlim(-0.02, 1.02)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(names)), names, fontsize=8)
