@@ -158,6 +158,25 @@ def test_prefix_units_merge_a_group_and_count_its_prefix_once(env):
     assert pack_units([[0, 1], [2], [3, 4]], [10, 6, 4], size=3, tokens=0) == [[0, 1, 2], [3, 4]]  # rows <= 3
 
 
+def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_PLAN):
+    """Log-probs, entropies and the gradient of their sum over the loss mask, from zeroed gradients; the
+    forward in `plan`'s precision, the backward outside it (as the update runs them)."""
+    for p in t.policy.actor_parameters():
+        p.grad = None
+    with plan.compute("cpu"):
+        lp, ent = token_logprobs(
+            t.policy.model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=cfg.rollout.temperature,
+            with_entropy=True,
+            allowed=batch.allowed,
+            prefix_keys=share,
+        )
+    (lp * batch.loss_mask).sum().backward()
+    return lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
+
+
 @pytest.mark.parametrize("layout,constrain", [("concatenated", False), ("concatenated", True), ("per-step", False)])
 def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env, layout, constrain):
     raw = raw_config({**GRPO, "layout": layout, "constrain": constrain})
@@ -168,19 +187,7 @@ def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env
     t.policy.model.train()
     out = {}
     for share in (None, prefix_keys(batch)):
-        for p in t.policy.actor_parameters():
-            p.grad = None
-        lp, ent = token_logprobs(
-            t.policy.model,
-            batch.input_ids,
-            batch.attention_mask,
-            temperature=cfg.rollout.temperature,
-            with_entropy=True,
-            allowed=batch.allowed,
-            prefix_keys=share,
-        )
-        (lp * batch.loss_mask).sum().backward()
-        out[share is None] = lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
+        out[share is None] = _logprobs_and_grads(t, batch, cfg, share)
     (lp0, ent0, g0), (lp1, ent1, g1) = out[True], out[False]
     m = batch.attention_mask.bool()
     assert (lp0 - lp1)[m].abs().max().item() < TOL and (ent0 - ent1)[m].abs().max().item() < TOL
@@ -212,10 +219,6 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env):
 BF16_TOL = 0.1
 
 
-def _grads(t) -> torch.Tensor:
-    return torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
-
-
 @pytest.mark.parametrize("share", [False, True])
 def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, share):
     cfg = learner_cfg(precision="bfloat16", shared_prefix=share)
@@ -227,20 +230,11 @@ def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_r
     assert plan.precision == "bfloat16"
     out = {}
     for bf16 in (False, True):
-        for p in t.policy.actor_parameters():
-            p.grad = None
-        with plan.compute("cpu") if bf16 else DEFAULT_PLAN.compute("cpu"):
-            lp, ent = token_logprobs(
-                t.policy.model,
-                batch.input_ids,
-                batch.attention_mask,
-                temperature=cfg.rollout.temperature,
-                with_entropy=True,
-                prefix_keys=prefix_keys(batch) if share else None,
-            )
+        lp, ent, g = _logprobs_and_grads(
+            t, batch, cfg, prefix_keys(batch) if share else None, plan if bf16 else DEFAULT_PLAN
+        )
         assert lp.dtype == torch.float32 and ent.dtype == torch.float32  # log-softmax stays float32
-        (lp * batch.loss_mask).sum().backward()
-        out[bf16] = lp, ent, _grads(t)
+        out[bf16] = lp, ent, g
     assert all(p.grad.dtype == p.dtype == torch.float32 for p in t.policy.actor_parameters())  # master weights
     (lp0, ent0, g0), (lp1, ent1, g1) = out[False], out[True]
     m = batch.attention_mask.bool()
