@@ -196,8 +196,9 @@ def shared_baselines(runs: dict[str, frozenset[str]]) -> list[str]:
                 "overlap"
             )
             out.append(
-                f"The sweeps {', '.join(names[:-1])} and {names[-1]} share {what}, so the same points, reused or "
-                "reproduced bit for bit at each code version): their errors are correlated, and a baseline that "
-                "landed high or low by chance moves every Δ of these sweeps together."
+                f"The sweeps {', '.join(names[:-1])} and {names[-1]} share {what}, so the same points where they ran "
+                "on one CPU kernel path, reused or reproduced bit for bit at each code version; on another path the "
+                "same config and seed is another run, see aa_calibration): their errors are correlated, and a "
+                "baseline that landed high or low by chance moves every Δ of these sweeps together."
             )
     return out
