@@ -13,6 +13,7 @@ manifest lists (its baseline first).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -40,10 +41,26 @@ def signature(flat: dict[str, Any], skip: list[str]) -> dict[str, str]:
     return {k: _canon(v) for k, v in flat.items() if not any(covers(a, k) for a in skip)}
 
 
+@functools.cache
+def schema_defaults() -> dict[str, str]:
+    """Every config key at its schema default, flattened, values in canonical JSON."""
+    from harness.config.keys import flatten
+    from harness.config.schema import RunConfig
+
+    return {k: _canon(v) for k, v in flatten(RunConfig().model_dump(mode="json")).items()}
+
+
 def differing(sig: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
-    """(key, this point's value) for every key whose value differs from the reference."""
+    """(key, this point's value) for every key whose value differs from the reference. A key one side
+    lacks takes its schema default, as the harness reads that config: a point written before a key
+    existed (e.g. train.learner.precision) is the same config as one written after it at its default."""
     keys = sorted(set(sig) | set(ref))
-    return [(k, json.loads(sig[k]) if k in sig else "(unset)") for k in keys if sig.get(k) != ref.get(k)]
+    defaults = schema_defaults()
+
+    def value(side: dict[str, str], k: str) -> str | None:
+        return side.get(k, defaults.get(k))
+
+    return [(k, json.loads(sig[k]) if k in sig else "(unset)") for k in keys if value(sig, k) != value(ref, k)]
 
 
 def diff_text(diff: list[tuple[str, Any]], limit: int | None = LABEL_KEYS) -> str:
