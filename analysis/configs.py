@@ -13,7 +13,6 @@ manifest lists (its baseline first).
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -41,21 +40,15 @@ def signature(flat: dict[str, Any], skip: list[str]) -> dict[str, str]:
     return {k: _canon(v) for k, v in flat.items() if not any(covers(a, k) for a in skip)}
 
 
-@functools.cache
-def schema_defaults() -> dict[str, str]:
-    """Every config key at its schema default, flattened, values in canonical JSON."""
-    from harness.config.keys import flatten
-    from harness.config.schema import RunConfig
-
-    return {k: _canon(v) for k, v in flatten(RunConfig().model_dump(mode="json")).items()}
-
-
-def differing(sig: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
+def differing(
+    sig: dict[str, str], ref: dict[str, str], defaults: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
     """(key, this point's value) for every key whose value differs from the reference. A key one side
-    lacks takes its schema default, as the harness reads that config: a point written before a key
-    existed (e.g. train.learner.precision) is the same config as one written after it at its default."""
+    lacks takes its schema default where `defaults` (canonical JSON, from sweep.json's `schema_defaults`)
+    has it, as the harness reads that config: a point written before a key existed (e.g.
+    train.learner.precision) is the same config as one written after it at its default."""
     keys = sorted(set(sig) | set(ref))
-    defaults = schema_defaults()
+    defaults = defaults or {}
 
     def value(side: dict[str, str], k: str) -> str | None:
         return side.get(k, defaults.get(k))
@@ -103,4 +96,6 @@ def config_groups(
     ref = reference(raw, configs, manifest_points, skip)
     if ref is None:
         return {pid: [] for pid in configs}
-    return distinguishing_first({pid: differing(signature(flat, skip), ref) for pid, flat in configs.items()})
+    raw_defaults = raw.get("schema_defaults") if isinstance(raw, dict) else None
+    defaults = {k: _canon(v) for k, v in raw_defaults.items()} if isinstance(raw_defaults, dict) else {}
+    return distinguishing_first({pid: differing(signature(flat, skip), ref, defaults) for pid, flat in configs.items()})

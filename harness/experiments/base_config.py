@@ -39,10 +39,30 @@ def base_signature(config: dict[str, Any], axes: list[str]) -> dict[str, Any]:
     return {k: v for k, v in flatten(config).items() if not any(covers(a, k) for a in skip)}
 
 
+def schema_defaults() -> dict[str, Any]:
+    """Every config key at its schema default, flattened: what a config that lacks a key means by it (a
+    point written before the key existed). sweep.json carries them so `analysis`, which reads no schema,
+    pools such a point with those written after the key at its default."""
+    from harness.config.schema import RunConfig
+
+    return flatten(RunConfig().model_dump(mode="json"))
+
+
+def differing_keys(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """The keys where flattened configs `a` and `b` differ, a key one side lacks taking its default."""
+    return [k for k in sorted(set(a) | set(b)) if a.get(k, defaults.get(k)) != b.get(k, defaults.get(k))]
+
+
 def base_manifest(config: dict[str, Any], axes: list[str]) -> dict[str, Any]:
-    """What sweep.json records about the base: the signature, the keys left out, its hash."""
+    """What sweep.json records about the base: the signature, the keys left out, its hash, and every key's
+    schema default (`schema_defaults`)."""
     sig = base_signature(config, axes)
-    return {"base_config": sig, "base_excluded": excluded_keys(axes), "base_hash": config_hash(sig)}
+    return {
+        "base_config": sig,
+        "base_excluded": excluded_keys(axes),
+        "base_hash": config_hash(sig),
+        "schema_defaults": schema_defaults(),
+    }
 
 
 def other_configs(folder: Path, own_ids: set[str], base: dict[str, Any], axes: list[str]) -> dict[str, list[str]]:
@@ -51,6 +71,7 @@ def other_configs(folder: Path, own_ids: set[str], base: dict[str, Any], axes: l
     found: dict[str, list[str]] = {}
     if not folder.is_dir():
         return found
+    defaults = schema_defaults()
     for d in sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in own_ids):
         try:
             cfg = yaml.safe_load((d / CONFIG).read_text(encoding="utf-8"))
@@ -59,7 +80,7 @@ def other_configs(folder: Path, own_ids: set[str], base: dict[str, Any], axes: l
         if not isinstance(cfg, dict):
             continue
         sig = base_signature(cfg, axes)
-        diff = [k for k in sorted(set(sig) | set(base)) if sig.get(k) != base.get(k)]
+        diff = differing_keys(sig, base, defaults)
         if diff:
             text = ", ".join(
                 f"{k} = {show_value(sig[k]) if k in sig else '(unset)'} there, "
