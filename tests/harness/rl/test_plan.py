@@ -405,3 +405,15 @@ def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, const
         assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
     assert (fast_w - plain_w).abs().max().item() < 1e-5
     assert fast["plan/needed_positions"] == 1
+
+
+def test_keys_added_to_the_learner_later_leave_earlier_hashes_alone():
+    """precision and logprob_positions came after runs with other train.learner values were written: at
+    their defaults they are left out of the hash, so those runs keep their point ids."""
+    cfg = learner_cfg(shared_prefix=True)
+    dump = cfg.model_dump(mode="json")
+    for key in ("precision", "logprob_positions"):
+        del dump["train"]["learner"][key]  # the section as written before the two keys existed
+    assert config_hash(cfg) == config_hash(dump)
+    assert config_hash(learner_cfg(shared_prefix=True, precision="bfloat16")) != config_hash(cfg)
+    assert config_hash(learner_cfg(shared_prefix=True, logprob_positions="needed")) != config_hash(cfg)
