@@ -176,11 +176,15 @@ def collapse_onset(pdir: Path, mode: str, start: float, final: float, episodes: 
     (NaN if none). Paired over eval_tasks.jsonl when it is there, else the final from the summary."""
     evals = _eval_pairs(pdir / EVAL_TASKS, mode)
     if 0 in evals and len(evals) > 1:
-        for u in sorted(k for k in evals if k > 0):
+        later = sorted(k for k in evals if k > 0)
+
+        def fell(u: int) -> bool:
             change, z = paired_drop(evals[0], evals[u])
-            if change <= -FALL and z <= -Z_COLLAPSE:
-                return float(u)
-        return math.nan
+            return change <= -FALL and z <= -Z_COLLAPSE
+
+        if not fell(later[-1]):  # a dip the run recovered from is not a collapse: the final decides
+            return math.nan
+        return float(next(u for u in later if fell(u)))
     if math.isfinite(start) and math.isfinite(final) and start - final >= FALL:
         if _two_proportion_z(start, final, episodes) <= -Z_COLLAPSE:
             return math.inf  # collapsed by the end; the update is not known

@@ -174,3 +174,24 @@ def test_page_section_pools_folders_and_packs_under_the_root(tmp_path: Path):
     assert (figures / "diagnose" / "which_diagnostics_sampled.png").is_file()
     # these runs were evaluated with sampled decoding only: the greedy part says so, naming no machine path
     assert "Nothing to score: no run of a, b.records.jsonl.gz records final/eval_greedy/success" in text
+
+
+def test_a_dip_the_run_recovers_from_is_no_collapse(tmp_path):
+    """The outcome is the final evaluation: a run whose success fell at update 10 and came back by the end
+    did not collapse; one that is still down at the end collapsed at the first evaluation that fell."""
+    import json
+
+    from analysis.diagnose import collapse_onset
+
+    def write(successes: dict[int, float]) -> None:
+        rows = [
+            {"update": u, "mode": "greedy", "task": t, "sample": 0, "success": float(t % 100 < 100 * p)}
+            for u, p in successes.items()
+            for t in range(200)
+        ]
+        (tmp_path / "eval_tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write({0: 0.8, 10: 0.5, 20: 0.7, 30: 0.8})
+    assert math.isnan(collapse_onset(tmp_path, "greedy", 0.8, 0.8, 200))
+    write({0: 0.8, 10: 0.5, 20: 0.8, 30: 0.5})
+    assert collapse_onset(tmp_path, "greedy", 0.8, 0.5, 200) == 10.0
