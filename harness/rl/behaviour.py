@@ -108,7 +108,7 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
         ent_c = None
-        need = head_positions(mb, cfg)  # the positions whose log-probs the update reads
+        need = head_positions(mb, cfg, plan.needed_positions)  # the positions whose log-probs the update reads
         if mb.allowed is None:
             lp, ent, v = policy_forward(
                 policy,
@@ -151,7 +151,11 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
         refs = []
         for idx in slices:
             mb = batch.rows(idx)
-            refs.append(_reference_logp(policy, mb, cfg.rollout.temperature, share, head_positions(mb, cfg)))
+            refs.append(
+                _reference_logp(
+                    policy, mb, cfg.rollout.temperature, share, head_positions(mb, cfg, plan.needed_positions)
+                )
+            )
         parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]
         policy.model.train(was_training)
         ref = torch.cat(parts, 0)[torch.cat(slices).argsort()]

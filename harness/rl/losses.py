@@ -38,16 +38,17 @@ def on_device(x: torch.Tensor | None, device) -> torch.Tensor | None:
     return None if x is None else x.to(device)
 
 
-def head_positions(mb: TrainBatch, cfg: RunConfig) -> torch.Tensor | None:
-    """Under train.learner.logprob_positions: needed, (B, T) bool: the tokens whose log-probs an update
+def head_positions(mb: TrainBatch, cfg: RunConfig, needed: bool) -> torch.Tensor | None:
+    """With `needed` (the update plan's needed_positions, from train.learner.logprob_positions: needed),
+    (B, T) bool: the tokens whose log-probs an update
     reads: the loss mask (policy loss, KL, entropy), the action tokens (the behaviour's diagnostics, the
     correction, KL in the reward) and, with observation SFT, the observation tokens; the lm_head and its
     log-softmax then run on these alone (on a SmolLM2 FrozenLake batch 160 of 4,264 positions, the others'
     log-probs being computed over the 49,152-token vocabulary only for every consumer to mask them away).
-    None (every position) under `all`, the default: fewer rows change the lm_head's matrix shapes and so
-    the float rounding of the rows kept (a tiny FrozenLake run departs in the last bits at update 26),
-    so published runs keep their path."""
-    if cfg.train.learner.logprob_positions == "all":
+    None (every position) otherwise, as under `all`, the default: fewer rows change the lm_head's matrix
+    shapes and so the float rounding of the rows kept (a tiny FrozenLake run departs in the last bits at
+    update 26), so published runs keep their path."""
+    if not needed:
         return None
     need = mb.loss_mask.bool() | mb.action_mask.bool()
     if cfg.algo.obs_sft.coef > 0 and mb.obs_mask is not None:
@@ -135,6 +136,7 @@ def loss_terms(
     policy_mask: torch.Tensor | None = None,
     is_weight: torch.Tensor | None = None,
     shared_prefix: bool = False,
+    needed_positions: bool = False,
 ) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
@@ -142,7 +144,8 @@ def loss_terms(
     (the SAMPO sequence mask, docs/algorithms.md#sampo; rejections of `algo.correction`, docs/algorithms.md#off-policy).
     As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
     and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
-    token's policy loss, applied before aggregation (None = 1). `old_logp` None: the micro-batch is on-policy
+    token's policy loss, applied before aggregation (None = 1). `shared_prefix`, `needed_positions`: the update
+    plan's (harness.rl.plan). `old_logp` None: the micro-batch is on-policy
     (train.learner.behaviour: first_forward) and its behaviour log-probs are this forward's own, detached;
     they are returned in `MicroLoss.old_logp`."""
     a = cfg.algo
@@ -156,7 +159,7 @@ def loss_terms(
         with_values=a.critic.enabled,
         allowed=mb.allowed,
         prefix=prefix_keys(mb) if shared_prefix else None,
-        token_mask=head_positions(mb, cfg),
+        token_mask=head_positions(mb, cfg, needed_positions),
     )
     taken = old_logp is None
     if taken:  # verl's on-policy shortcut: the ratio is 1, its gradient that of the log-prob

@@ -131,7 +131,7 @@ def _counts(masks: list[torch.Tensor], params: AggParams) -> AggParams:
 
 @torch.no_grad()
 def _policy_masks(
-    policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: RunConfig, shared_prefix: bool = False
+    policy, batch: TrainBatch, micros, adv, fwd: Forward, cfg: RunConfig, plan: UpdatePlan = DEFAULT_PLAN
 ) -> list[torch.Tensor]:
     """Each micro-batch's policy-loss mask: the loss mask, minus the actions the SAMPO sequence mask
     drops (`algo.clip.seq_mask`). The drop depends on the current policy, so it is decided in a
@@ -152,8 +152,8 @@ def _policy_masks(
             with_entropy=False,
             with_values=False,
             allowed=mb.allowed,
-            prefix=prefix_keys(mb) if shared_prefix else None,
-            token_mask=head_positions(mb, cfg),
+            prefix=prefix_keys(mb) if plan.shared_prefix else None,
+            token_mask=head_positions(mb, cfg, plan.needed_positions),
         )
         out.append(
             negative_advantage_seq_mask(
@@ -164,11 +164,11 @@ def _policy_masks(
 
 
 def _kept_masks(
-    policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, sums, shared_prefix: bool = False
+    policy, batch, mb_idx, micros, adv, fwd, cfg, corr: Correction, sums, plan: UpdatePlan = DEFAULT_PLAN
 ) -> list[torch.Tensor]:
     """Each micro-batch's policy-loss mask: the SAMPO mask (`_policy_masks`, its kept share logged), times
     the tokens `algo.correction` keeps under `rejected: drop` (out of the policy loss and its denominator)."""
-    masks = _policy_masks(policy, batch, micros, adv, fwd, cfg, shared_prefix)
+    masks = _policy_masks(policy, batch, micros, adv, fwd, cfg, plan)
     if cfg.algo.clip.seq_mask:
         total = max(float(batch.loss_mask[mb_idx].bool().sum()), 1.0)
         kept = _counts(masks, cfg.algo.agg_params).num_tokens / total
@@ -199,7 +199,7 @@ def _minibatch_step(
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, shared_prefix)
     with plan.compute(device):
-        policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, shared_prefix)
+        policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, plan)
     agg = a.agg_params
     denominators = Denominators(
         loss=global_counts(batch.loss_mask[mb_idx], agg),
@@ -228,6 +228,7 @@ def _minibatch_step(
                 pmask if own_mask else None,
                 _pick(corr.weight, micro, T),
                 shared_prefix,
+                plan.needed_positions,
             )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")

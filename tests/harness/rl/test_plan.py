@@ -388,8 +388,8 @@ def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, const
         cfg = validate_run_config(raw, "test")
     t = env.trainer(cfg)
     batch = env.batch(t, cfg)
-    need = head_positions(batch, cfg)
-    assert head_positions(batch, learner_cfg()) is None  # the default computes every position
+    need = head_positions(batch, cfg, True)
+    assert head_positions(batch, cfg, False) is None  # the default plan computes every position
     assert 0 < int(need.sum()) < int(batch.attention_mask[:, 1:].sum())  # some positions are skipped
     assert bool((need | ~batch.loss_mask.bool()).all()) and bool((need | ~batch.action_mask.bool()).all())
     plan = make_plan(cfg, 1, batch)
@@ -398,6 +398,9 @@ def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, const
     assert (every.old_logp - only.old_logp)[need].abs().max().item() < TOL
     assert (every.ref_logp - only.ref_logp)[need].abs().max().item() < TOL
     assert (only.old_logp[~need] == 0).all() and (only.entropy[~need] == 0).all()
+    outside = ~need & batch.attention_mask.bool()
+    outside[:, 0] = False  # position 0 has no log-prob on either path
+    assert (every.old_logp[outside] != 0).any()  # the default plan did compute them: two paths compared
     plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
     fast, fast_w = _step(env, cfg, make_plan(cfg, 1, env.batch(env.trainer(cfg), cfg)))
     keys = ["loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"]
