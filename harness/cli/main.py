@@ -149,6 +149,18 @@ def _run(
         raise typer.Exit(1)
 
 
+def _check_transfer(backend: str, transfer: str | None, max_point_mb: float | None) -> None:
+    """--transfer and --max-point-mb: their values, and that they go with --backend ray."""
+    from harness.experiments.ray_backend import TRANSFERS  # imports no ray
+
+    if transfer is not None and transfer not in TRANSFERS:
+        _fail(f"--transfer {transfer!r} is not a transfer mode; choose one of: {', '.join(TRANSFERS)}", 2)
+    if backend == "local" and (transfer is not None or max_point_mb is not None):
+        _fail("--transfer and --max-point-mb apply to --backend ray", 2)
+    if transfer == "shared-fs" and max_point_mb is not None:
+        _fail("--max-point-mb applies to --transfer objects (shared-fs ships no files)", 2)
+
+
 @app.command()
 def sweep(
     file: Path = typer.Argument(..., help="Sweep YAML file (see sweeps/)."),
@@ -181,6 +193,21 @@ def sweep(
         False,
         "--insecure",
         help="--address: join a Ray cluster without token authentication (anyone who can reach it can run code).",
+    ),
+    transfer: str | None = typer.Option(
+        None,
+        "--transfer",
+        help="--backend ray: how a point's files reach RESULTS: objects (default; each task runs its point in a "
+        "folder of its node and ships the files and checkpoints to this driver through Ray's object store, no "
+        "shared filesystem needed) or shared-fs (tasks write RESULTS directly; every node must see it at the same "
+        "path, checked at the start).",
+    ),
+    max_point_mb: float | None = typer.Option(
+        None,
+        "--max-point-mb",
+        min=1.0,
+        help="--transfer objects: the largest point folder (MiB) shipped through the object store (default 1024); "
+        "a point over it fails with a message.",
     ),
     override: list[str] = typer.Option(
         [],
@@ -230,11 +257,12 @@ def sweep(
         _fail("--address and --retries apply to --backend ray", 2)
     if insecure and not address:
         _fail("--insecure applies to --backend ray --address ADDR (joining a cluster)", 2)
+    _check_transfer(backend, transfer, max_point_mb)
     executor = None
     if backend == "ray":  # its checks (token, ray installed) run before anything is written
         from harness.experiments.ray_backend import RayExecutor
 
-        executor = RayExecutor(address, retries, insecure)
+        executor = RayExecutor(address, retries, insecure, transfer, max_point_mb)
     check_results_dir(results, "--results")
     _run(swp, results, workers, retry_failed, no_mlflow, executor, reuse=not no_reuse, max_minutes=max_minutes)
 
