@@ -346,11 +346,13 @@ class RayExecutor:
                     pass
 
     def _drain(self, ray: Any, mailbox: Any, sweep: str, opts: RunOptions, progress: Any, by_id: dict) -> None:
-        """Write the change sets the mailbox holds into results/; pass the progress events on."""
-        events, changes = ray.get(mailbox.drain.remote())
-        for pid, files in changes.items():
-            if pid in by_id:
-                write_files(point_dir(opts.results, sweep, by_id[pid]), files)
+        """Write the change sets the mailbox holds into results/; pass the progress events on. A Ctrl-C
+        or SIGTERM meanwhile waits until the change sets it handed over are on disk."""
+        with _uninterrupted():
+            events, changes = ray.get(mailbox.drain.remote())
+            for pid, files in changes.items():
+                if pid in by_id:
+                    write_files(point_dir(opts.results, sweep, by_id[pid]), files)
         for kind, pid, info in events if progress is not None else ():
             if kind == "start" and pid in by_id:
                 progress.point_start(pid, by_id[pid].config.train.updates)
@@ -391,6 +393,26 @@ class RayExecutor:
             atomic_write_text(run_dir / TRACEBACK, f"{error}\n\n{detail}\n")
             write_status(run_dir, "failed")
         return {"status": "failed", "wall_s": None, "error": error}
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Any:
+    """Hold Ctrl-C and SIGTERM (in the main thread) until the block is over, then deliver them."""
+    signals = [signal.SIGINT, signal.SIGTERM]
+    old = {s: signal.getsignal(s) for s in signals}
+    if threading.current_thread() is not threading.main_thread() or None in old.values():
+        yield
+        return
+    caught: list[int] = []
+    for s in signals:
+        signal.signal(s, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if caught:
+            os.kill(os.getpid(), caught[0])
 
 
 def _room_for(locks: int) -> None:

@@ -1,6 +1,13 @@
 """`harness sweep --backend ray`: a real Ray head started here (127.0.0.1 only, no dashboard), results
 identical to the local backend's with the real trainer, retries, a local instance started by the
-command itself, and the message when ray is not installed.
+command itself, and the message when ray is not installed. The point files travel through Ray's object
+store (--transfer objects, the default) from a node-local folder that is not the results folder, or
+are written in place (--transfer shared-fs); a sweep with a seed budget takes the same looks on a
+cluster; a point over the size limit fails with a message; and (slow) a cluster of two nodes loses
+one mid-point and still ends with the local backend's files, byte for byte.
+
+Run the slow test alone with:
+    .venv/bin/python -m pytest tests/harness/experiments/test_ray_backend.py -m slow
 """
 
 from __future__ import annotations
@@ -8,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +30,7 @@ import yaml
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.store import read_jsonl
-from tests.support.pause import paused, wait_until
+from tests.support.pause import PAUSED, paused, wait_until
 
 pytest.importorskip("ray")  # the optional extra `dist`
 
@@ -31,6 +39,7 @@ from tests.helpers import REPO  # noqa: E402
 RAY = Path(sys.executable).parent / "ray"
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 TOKEN = secrets.token_hex(32)  # the test head's authentication token
+HEAD: dict[str, Path] = {}  # the ray_head fixture's node-local folder for points: HEAD["scratch"]
 
 
 def cli_env(**env: str) -> dict[str, str]:
@@ -78,6 +87,7 @@ def ray_head():
     """`ray start --head --block` on 127.0.0.1 with token authentication (TOKEN); stopped (SIGTERM to
     that process) after the module."""
     port, temp = free_port(), tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Unix socket paths
+    HEAD["scratch"] = Path(temp) / "scratch"  # where its tasks run points (--transfer objects)
     log = open(Path(temp) / "head.log", "w")
     proc = subprocess.Popen(
         [
@@ -97,7 +107,9 @@ def ray_head():
             temp,
             "--block",
         ],
-        env=cli_env(**LOOPBACK_ONLY, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN),
+        env=cli_env(
+            **LOOPBACK_ONLY, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN, HARNESS_RAY_SCRATCH=str(HEAD["scratch"])
+        ),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -125,6 +137,36 @@ def write_sweep(tmp_path: Path, base: dict, grid: dict, points: list | None = No
 
 def files(d: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in d.iterdir() if p.is_file()}
+
+
+# the files of a point that hold wall times, process ids, host names or Ray node ids: compared apart
+VARYING = ("events.jsonl", "summary.json", "timings.jsonl", "checkpoint/state.pt")  # state.pt: cost.wall_s
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    """Every file under `d` (hidden ones included) by relative path, except VARYING and the marker a
+    paused fake trainer leaves (tests/support/pause.py). PEFT writes the adapter config's
+    target_modules from a set, in an order that changes with the process's hash seed: sorted here."""
+    out = {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    if "adapter/adapter_config.json" in out:
+        config = json.loads(out["adapter/adapter_config.json"])
+        config["target_modules"] = sorted(config["target_modules"])
+        out["adapter/adapter_config.json"] = json.dumps(config, sort_keys=True).encode()
+    return {k: v for k, v in out.items() if k not in VARYING and k != PAUSED}
+
+
+def ran_in(d: Path) -> list[str]:
+    """The node-local folders the attempts of the point in `d` ran in (--transfer objects)."""
+    return [e["dir"] for e in read_jsonl(d / "events.jsonl") if e["event"] == "ray_task"]
+
+
+def same_summary(a: Path, b: Path) -> None:
+    sa, sb = json.loads((a / "summary.json").read_text()), json.loads((b / "summary.json").read_text())
+    wall = "cost/wall_s"  # the one measurement in a summary that differs between two runs
+    assert sa["metrics"].pop(wall) > 0 and sb["metrics"].pop(wall) > 0
+    assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "done"
+    assert sa["config_hash"] == sb["config_hash"] and sa["packages"] == sb["packages"]
+    assert sa["updates_logged"] == sb["updates_logged"]
 
 
 def test_head_listens_on_loopback_only(ray_head):
@@ -161,16 +203,12 @@ def test_ray_sweep_matches_the_local_backend_with_the_real_trainer(tmp_path, ray
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sweep s: 2 done, 0 diverged, 0 failed" in out.stdout
     for p in sweep.points:
-        a, b = files(tmp_path / "local" / "s" / p.id), files(tmp_path / "ray" / "s" / p.id)
-        assert set(a) == set(b)
-        for name in ("metrics.jsonl", "samples.jsonl", "config.yaml", "status"):
-            assert a[name] == b[name], name  # every metrics row, bit for bit
-        assert len(read_jsonl(tmp_path / "ray" / "s" / p.id / "metrics.jsonl")) == 3
-        sa, sb = json.loads(a["summary.json"]), json.loads(b["summary.json"])
-        wall = "cost/wall_s"  # the one measurement in a summary that differs between two runs
-        assert sa["metrics"].pop(wall) > 0 and sb["metrics"].pop(wall) > 0
-        assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "done"
-        assert sa["config_hash"] == sb["config_hash"] and sa["packages"] == sb["packages"]
+        a, b = tmp_path / "local" / "s" / p.id, tmp_path / "ray" / "s" / p.id
+        assert tree(a) == tree(b)  # every metrics row, bit for bit, and the adapter's weights
+        assert len(read_jsonl(b / "metrics.jsonl")) == 3 and (b / "checkpoint" / "state.pt").is_file()
+        same_summary(a, b)
+        where = ran_in(b)  # --transfer objects: a folder of the head node, not the results folder
+        assert len(where) == 1 and Path(where[0]).is_relative_to(HEAD["scratch"]) and not Path(where[0]).exists()
 
 
 def test_local_instance_on_loopback_with_retries(tmp_path):
@@ -209,7 +247,15 @@ def test_local_instance_on_loopback_with_retries(tmp_path):
     assert "fake-fail: attempt 2 fails" in (results / "s" / by_label["never"] / "traceback.txt").read_text()
 
 
-def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
+def checkpoint_at(d: Path) -> int | None:
+    try:
+        return json.loads((d / "checkpoint" / "state.json").read_text())["update"]
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("transfer", ["objects", "shared-fs"])
+def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path, transfer):
     base = {
         "env": {"name": "frozenlake"},
         "train": {"updates": 12, "eval_every": 4, "checkpoint_every": 1},
@@ -229,23 +275,36 @@ def test_an_interrupted_ray_sweep_resumes_from_checkpoints(tmp_path):
         "--results",
         str(results),
         "--no-mlflow",
+        "--transfer",
+        transfer,
     ]
-    env = cli_env(HARNESS_TRAIN_FN="tests.support.tune_fake_trainer:train", FAKE_PAUSE_AT="3")
+    scratch = tmp_path / "scratch"  # the local instance's node-local folder (its workers get our variables)
+    env = cli_env(
+        HARNESS_TRAIN_FN="tests.support.tune_fake_trainer:train", FAKE_PAUSE_AT="3", HARNESS_RAY_SCRATCH=str(scratch)
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     dirs = [results / "s" / p.id for p in load_sweep(path).points]
-    wait_until(lambda: all(map(paused, dirs)), proc)  # both wait after update 3 for the signal
+    # both wait after update 3 for the signal; with objects, once the driver holds their checkpoint 3
+    ready = paused if transfer == "shared-fs" else (lambda d: checkpoint_at(d) == 3)
+    wait_until(lambda: all(map(ready, dirs)), proc)
     proc.send_signal(signal.SIGTERM)  # the CLI turns it into Ctrl-C: running tasks are cancelled
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130 and "interrupted: run the same command again" in out, out
     for d in dirs:
         assert (d / "status").read_text().strip() == "running"
-        assert [e["event"] for e in read_jsonl(d / "events.jsonl")] == ["start", "interrupted"]
+        events = [e["event"] for e in read_jsonl(d / "events.jsonl")]
+        assert events == (["start", "interrupted"] if transfer == "shared-fs" else ["ray_task", "start", "interrupted"])
     again = subprocess.run(cmd, cwd=REPO, env={**env, "FAKE_PAUSE_AT": ""}, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
     for d in dirs:
         starts = [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")]
-        assert starts[0] == 0 and starts[1] >= 1 and len(starts) == 2  # resumed from its checkpoint
+        assert starts == [0, 3]  # resumed from its checkpoint
         assert [r["update"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(13))
+        where = ran_in(d)
+        assert len(where) == (0 if transfer == "shared-fs" else 2)
+        assert all(Path(w).is_relative_to(scratch) and not Path(w).exists() for w in where)
+    if transfer == "shared-fs":
+        assert "--transfer shared-fs: all 1 Ray node(s) see" in again.stdout
 
 
 def test_missing_ray_and_misplaced_options_are_clear_messages(tmp_path):
@@ -295,3 +354,152 @@ def test_only_the_allow_listed_variables_reach_the_tasks(monkeypatch):
     env = RayExecutor(None)._env()
     assert not set(secrets_env) & set(env) and not set(hooks) & set(env)
     assert {k: env[k] for k in kept} == kept and "PYTHONPATH" in env
+
+
+def test_a_seed_budget_takes_the_same_looks_on_a_cluster(tmp_path, ray_head):
+    """Each look's new points go to the cluster (--transfer objects): the same looks, points and files as
+    the local pool's, every point run in a folder of the head node."""
+    from tests.support import sequential_trainer
+
+    def sweep_file(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "base.yaml").write_text("env: {name: frozenlake}\ntrain: {updates: 2}\ntracking: {mlflow: false}\n")
+        path = folder / "s.yaml"
+        path.write_text(
+            "name: s\nbase: base.yaml\ngrid: {algo.lr: [1.0e-4, 2.0e-4, 3.0e-4, 4.0e-4]}\n"
+            "seeds: {start: 3, step: 3, max: 6}\nequivalence_margin: 0.05\n"
+        )
+        return path
+
+    reference = tmp_path / "ref"
+    run_sweep(load_sweep(sweep_file(reference)), RunOptions(reference / "results", train_fn=sequential_trainer.train))
+    path, results = sweep_file(tmp_path / "ray"), tmp_path / "ray" / "results"
+    args = ("sweep", str(path), "--backend", "ray", "--address", ray_head, "--results", str(results), "--no-mlflow")
+    out = harness(*args, HARNESS_TRAIN_FN="tests.support.sequential_trainer:train", RAY_AUTH_TOKEN=TOKEN)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "look 2 of 2: 6 seeds for" in out.stdout
+    ref = reference / "results" / "s"
+    assert json.loads((results / "s" / "looks.json").read_text()) == json.loads((ref / "looks.json").read_text())
+    ran = sorted(d.name for d in (results / "s").iterdir() if d.is_dir())
+    assert ran == sorted(d.name for d in ref.iterdir() if d.is_dir()) and len(ran) > 12  # two looks' points
+    for name in ran:
+        assert tree(results / "s" / name) == tree(ref / name), name
+        where = ran_in(results / "s" / name)
+        assert len(where) == 1 and Path(where[0]).is_relative_to(HEAD["scratch"]), where
+    assert not any((HEAD["scratch"] / "points").iterdir())  # each attempt's folder is removed after it
+
+
+def test_a_point_over_the_size_limit_fails_with_a_message(tmp_path, ray_head):
+    base = {"env": {"name": "frozenlake"}, "train": {"updates": 2}, "tracking": {"mlflow": False}}
+    path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})
+    (point,) = load_sweep(path).points
+    d = tmp_path / "r" / "s" / point.id
+    d.mkdir(parents=True)
+    (d / "big.bin").write_bytes(os.urandom(2 * 2**20))  # the point's folder: 2 MiB before it starts
+    args = ("sweep", str(path), "--backend", "ray", "--address", ray_head, "--results", str(tmp_path / "r"))
+    out = harness(
+        *args,
+        "--max-point-mb",
+        "1",
+        "--no-mlflow",
+        HARNESS_TRAIN_FN="tests.support.tune_fake_trainer:train",
+        RAY_AUTH_TOKEN=TOKEN,
+    )
+    assert out.returncode == 1 and "sweep s: 0 done, 0 diverged, 1 failed" in out.stdout, out.stdout + out.stderr
+    assert (d / "status").read_text() == "failed\n" and (d / "big.bin").stat().st_size == 2 * 2**20
+    message = (d / "traceback.txt").read_text()
+    assert "over the 1 MiB a point may ship through Ray's object store" in message and "--max-point-mb" in message
+
+
+# ----------------------------------------------------------------------------- two nodes, one lost
+def start_node(log: Path, cwd: Path, *args: str, **env: str) -> subprocess.Popen:
+    """`ray start ... --block` in a session of its own (its raylet and agents in its process group),
+    bound to 127.0.0.1; returns once the node is up. Ray refuses a second node in local-only mode, so
+    these nodes run in cluster mode (their ports then listen on every interface, behind TOKEN)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    out = open(log, "w")
+    proc = subprocess.Popen(
+        [str(RAY), "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block", *args],
+        cwd=cwd,
+        env=cli_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN, **env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    out.close()
+    wait_until(lambda: "Ray runtime started" in log.read_text(), proc, timeout=180)
+    return proc
+
+
+def stop_node(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Kill a node started by start_node: its `ray start`, raylet and agents (the raylet's workers die with it)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow  # two Ray nodes and four updates of the real trainer on two points (about 90 s on 2 cores)
+def test_a_node_lost_mid_point_leaves_the_local_backends_files(tmp_path):
+    """A head and a worker node (one CPU each, own temp and working folders, the worker's points in its
+    own scratch folder); the point on the worker stops after update 2 (FAKE_PAUSE_AT there only) once the
+    driver holds a checkpoint, and that node is killed. Ray runs the point again on the head from the
+    driver's checkpoint; the results equal an uninterrupted local run's byte for byte (VARYING apart)."""
+    from tests.helpers.configs import TINY
+
+    base = json.loads(json.dumps(TINY))
+    base["train"].update(updates=4, eval_every=2, checkpoint_every=1)
+    path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3, 3.0e-3]})
+    sweep = load_sweep(path)
+    local = run_sweep(sweep, RunOptions(results=tmp_path / "local"))  # builds the tiny model in HARNESS_CACHE
+    assert local.ok and local.counts["done"] == 2
+    temp = Path(tempfile.mkdtemp(prefix="ray2", dir="/tmp"))  # short: Unix socket paths
+    port, scratch = free_port(), {"head": temp / "head-scratch", "worker": temp / "worker-scratch"}
+    cluster = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    head = start_node(
+        temp / "head.log", temp / "head-cwd", "--head", "--port", str(port), "--num-cpus", "1",
+        "--include-dashboard", "false", "--temp-dir", str(temp / "h"),
+        **cluster, HARNESS_RAY_SCRATCH=str(scratch["head"]),
+    )  # fmt: skip
+    worker = None
+    try:
+        worker = start_node(
+            temp / "worker.log", temp / "worker-cwd", "--address", f"127.0.0.1:{port}", "--num-cpus", "1",
+            "--temp-dir", str(temp / "w"),
+            **cluster, HARNESS_RAY_SCRATCH=str(scratch["worker"]), FAKE_PAUSE_AT="2",
+        )  # fmt: skip
+        results = tmp_path / "ray"
+        cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--backend", "ray", "--address"]
+        cmd += [f"127.0.0.1:{port}", "--retries", "1", "--results", str(results), "--no-mlflow"]
+        env = cli_env(HARNESS_TRAIN_FN="tests.support.pausing_trainer:train", RAY_AUTH_TOKEN=TOKEN)
+        driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def held_on_worker() -> Path | None:
+            """The point paused on the worker node, once the driver holds a checkpoint of it."""
+            for marker in scratch["worker"].glob("points/*/s/*/fake_paused"):
+                if (results / "s" / marker.parent.name / "checkpoint" / "state.pt").is_file():
+                    return marker.parent
+            return None
+
+        wait_until(lambda: held_on_worker() is not None, driver, timeout=600)
+        lost = held_on_worker().name
+        stop_node(worker)  # the node is lost mid-point: its raylet, agents and the task's worker die
+        out = driver.communicate(timeout=600)[0]
+        assert driver.returncode == 0 and "sweep s: 2 done, 0 diverged, 0 failed" in out, out
+    finally:
+        for proc in (worker, head):
+            if proc is not None and proc.poll() is None:
+                stop_node(proc, signal.SIGTERM)
+    for p in sweep.points:
+        a, b = tmp_path / "local" / "s" / p.id, results / "s" / p.id
+        assert tree(a) == tree(b), p.id  # metrics, samples, eval tasks, config, status, adapter: byte for byte
+        same_summary(a, b)
+        where, starts = ran_in(b), [e for e in read_jsonl(b / "events.jsonl") if e["event"] == "start"]
+        assert not any(Path(w).is_relative_to(results) for w in where)
+        if p.id == lost:  # once on the worker, then resumed on the head from the driver's checkpoint
+            assert [Path(w).is_relative_to(scratch["worker"]) for w in where] == [True, False]
+            assert Path(where[1]).is_relative_to(scratch["head"]) and [s["resume"] for s in starts] == [False, True]
+        else:
+            assert len(where) == 1 and Path(where[0]).is_relative_to(scratch["head"]) and len(starts) == 1
+    shutil.rmtree(temp, ignore_errors=True)
