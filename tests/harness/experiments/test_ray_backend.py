@@ -30,7 +30,7 @@ import yaml
 from harness.experiments.runner import RunOptions, run_sweep
 from harness.experiments.sweep import load_sweep
 from harness.store import read_jsonl
-from tests.support.pause import PAUSED, paused, wait_until
+from tests.support.pause import PAUSED, pause_at, paused, wait_until
 
 pytest.importorskip("ray")  # the optional extra `dist`
 
@@ -127,6 +127,7 @@ def ray_head():
             proc.kill()
             proc.wait()
         log.close()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def write_sweep(tmp_path: Path, base: dict, grid: dict, points: list | None = None) -> Path:
@@ -389,6 +390,37 @@ def test_a_seed_budget_takes_the_same_looks_on_a_cluster(tmp_path, ray_head):
     assert not any((HEAD["scratch"] / "points").iterdir())  # each attempt's folder is removed after it
 
 
+def test_a_driver_killed_on_a_cluster_resumes_from_what_results_holds(tmp_path, ray_head):
+    """SIGKILL to the driver while its points wait after update 3 on the cluster (the one-shot pause file
+    travels with the point's folder): running the same command again resumes each point from the
+    checkpoint the driver had written, and the metrics equal an uninterrupted local run's."""
+    from tests.support import tune_fake_trainer
+
+    base = {"env": {"name": "frozenlake"}, "train": {"updates": 8, "checkpoint_every": 1}}
+    base["tracking"] = {"mlflow": False}
+    path, results = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3, 2.0e-3]}), tmp_path / "ray"
+    sweep = load_sweep(path)
+    assert run_sweep(sweep, RunOptions(tmp_path / "local", train_fn=tune_fake_trainer.train)).ok
+    dirs = [results / "s" / p.id for p in sweep.points]
+    for d in dirs:
+        pause_at(d, 3)
+    cmd = [sys.executable, "-m", "harness", "sweep", str(path), "--backend", "ray", "--address", ray_head]
+    cmd += ["--results", str(results), "--no-mlflow"]
+    env = cli_env(HARNESS_TRAIN_FN="tests.support.tune_fake_trainer:train", RAY_AUTH_TOKEN=TOKEN)
+    driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: all(checkpoint_at(d) == 3 for d in dirs), driver)  # both paused, checkpoint 3 here
+    driver.kill()
+    driver.wait(timeout=60)
+    for d in dirs:
+        assert (d / "status").read_text() == "running\n" and not (d / "summary.json").exists()
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "sweep s: 2 done" in again.stdout, again.stdout + again.stderr
+    for p, d in zip(sweep.points, dirs, strict=True):
+        assert [c["start"] for c in read_jsonl(d / "fake_calls.jsonl")] == [0, 3]
+        assert (d / "metrics.jsonl").read_bytes() == (tmp_path / "local" / "s" / p.id / "metrics.jsonl").read_bytes()
+        assert [e["resume"] for e in read_jsonl(d / "events.jsonl") if e["event"] == "start"] == [False, True]
+
+
 def test_a_point_over_the_size_limit_fails_with_a_message(tmp_path, ray_head):
     base = {"env": {"name": "frozenlake"}, "train": {"updates": 2}, "tracking": {"mlflow": False}}
     path = write_sweep(tmp_path, base, {"algo.lr": [1.0e-3]})
@@ -503,3 +535,22 @@ def test_a_node_lost_mid_point_leaves_the_local_backends_files(tmp_path):
         else:
             assert len(where) == 1 and Path(where[0]).is_relative_to(scratch["head"]) and len(starts) == 1
     shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_what_the_tasks_of_a_cluster_without_a_shared_filesystem_get(monkeypatch, capsys):
+    """--transfer objects on a remote cluster: no MLflow file store and no default cache beside results/
+    (the nodes cannot reach them); a tracking server, the user's HARNESS_CACHE and a one-machine cluster
+    keep theirs."""
+    from harness.experiments.ray_backend import RayExecutor
+
+    monkeypatch.delenv("HARNESS_CACHE", raising=False)
+    remote, loopback = RayExecutor("10.0.0.1:6379", insecure=True), RayExecutor("127.0.0.1:6379", insecure=True)
+    shared = RayExecutor("10.0.0.1:6379", insecure=True, transfer="shared-fs")
+    monkeypatch.setenv("HARNESS_CACHE", "results/.cache")  # what the runner sets when the user did not
+    assert "HARNESS_CACHE" not in remote._env()
+    assert loopback._env()["HARNESS_CACHE"] == shared._env()["HARNESS_CACHE"] == str(Path("results/.cache").resolve())
+    assert RayExecutor("10.0.0.1:6379", insecure=True)._env()["HARNESS_CACHE"]  # set by the user: kept
+    store = "sqlite:////work/results/mlflow.db"
+    assert remote._task_mlflow(store) is None and "MLflow is off in the Ray tasks" in capsys.readouterr().out
+    assert remote._task_mlflow("http://mlflow:5000") == "http://mlflow:5000"
+    assert loopback._task_mlflow(store) == shared._task_mlflow(store) == store
