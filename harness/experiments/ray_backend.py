@@ -226,8 +226,10 @@ class RayExecutor:
 
     def _task_mlflow(self, uri: str | None) -> str | None:
         """The tracking URI the tasks get: a file store beside results/ only where they can reach it."""
-        if uri is None or not self.objects or self.loopback or "://" in uri and not uri.startswith(("sqlite", "file")):
+        if uri is None or not self.objects or self.loopback:
             return uri
+        if not uri.startswith(("sqlite:", "file:")) and ("://" in uri or uri == "databricks"):
+            return uri  # a tracking server
         if not self.warned:
             self.warned = True
             print(

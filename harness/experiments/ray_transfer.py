@@ -110,7 +110,7 @@ class Shipper:
 
     def __init__(self, folder: Path, known: Files, mailbox: Any, pid: str, attempt: int, max_bytes: int):
         self.folder, self.mailbox, self.pid, self.attempt, self.max_bytes = folder, mailbox, pid, attempt, max_bytes
-        self.tracker = ChangeTracker(folder, known)
+        self.tracker = ChangeTracker(known)
         self.error: PointTooLargeError | None = None
         self.stale, self.lock, self.stop = False, threading.Lock(), threading.Event()
         self.seen = self._signature()

@@ -109,11 +109,11 @@ def digest(data: bytes) -> str:
 
 
 class ChangeTracker:
-    """What changed in a folder since the last change set taken (or since `known`, the files it was
-    filled with)."""
+    """What changed in a folder since the last change set taken (or since `known`, the files it held
+    at first)."""
 
-    def __init__(self, folder: Path, known: Files):
-        self.folder, self.sent = Path(folder), {rel: digest(b) for rel, b in known.items()}
+    def __init__(self, known: Files):
+        self.sent = {rel: digest(b) for rel, b in known.items()}
 
     def changes(self, files: Files) -> Changes:
         """The change set from what was sent to `files` (a complete read, see `read_files`); marks it sent."""

@@ -39,7 +39,7 @@ def test_what_travels(tmp_path):
 
 def test_a_copy_through_change_sets_is_byte_identical(tmp_path):
     src, dst = folder(tmp_path), tmp_path / "copy"
-    tracker = ChangeTracker(src, {})
+    tracker = ChangeTracker({})
     write_files(dst, tracker.changes(read_files(src)))
     assert tracker.changes(read_files(src)) == {}  # nothing changed since
     with open(src / "metrics.jsonl", "a") as f:
