@@ -472,7 +472,7 @@ def stop_node(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     proc.wait(timeout=60)
 
 
-@pytest.mark.slow  # two Ray nodes and four updates of the real trainer on two points (about 90 s on 2 cores)
+@pytest.mark.slow  # two Ray nodes, four updates of the real trainer on two points (66-113 s on 2 busy cores)
 def test_a_node_lost_mid_point_leaves_the_local_backends_files(tmp_path):
     """A head and a worker node (one CPU each, own temp and working folders, the worker's points in its
     own scratch folder); the point on the worker stops after update 2 (FAKE_PAUSE_AT there only) once the
