@@ -8,10 +8,6 @@ side: the median wall and process-CPU seconds of the update and of its behaviour
 learner's share of rollout + update (the rollout measured once), tokens per second through the update;
 the ratios to `plain`; and each side's loss and gradient norm, which agree to float rounding, all the fast
 paths are allowed to change (tests/harness/rl/test_plan.py holds the equality tests).
-
-One more side, `BEFORE`, is the plain path with torch's NaN fill of every new tensor switched back on, as
-every run had it until harness.rl.seeding switched it off (deterministic mode turns it on; it changes no
-number): the default path as it ran before, so each side is also reported as a ratio to it (`*_ratio_to_before`).
 """
 
 from __future__ import annotations
@@ -33,9 +29,6 @@ from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-# the plain path with the NaN fill of new tensors on (module docstring)
-BEFORE = "plain+nan_fill"
 
 # the sides after `plain` (the default plan): their train.learner
 SIDES = {
@@ -65,21 +58,15 @@ def _params(policy) -> list[torch.Tensor]:
     return policy.actor_parameters() + policy.critic_parameters()
 
 
-def _timed(policy, cfg, batch, plan, start: list[torch.Tensor], nan_fill: bool = False) -> dict:
-    """One update on `batch` from the weights `start` with a fresh optimizer: its seconds and metrics;
-    with `nan_fill`, every new tensor filled with NaN as torch's deterministic mode does by default."""
+def _timed(policy, cfg, batch, plan, start: list[torch.Tensor]) -> dict:
+    """One update on `batch` from the weights `start` with a fresh optimizer: its seconds and metrics."""
     with torch.no_grad():
         for p, w in zip(_params(policy), start):
             p.copy_(w)
     optimizer = make_optimizer(policy, cfg)
     split: dict[str, float] = {}
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.utils.deterministic.fill_uninitialized_memory = nan_fill
-    try:
-        t0, c0 = time.perf_counter(), time.process_time()
-        metrics = run_update(policy, optimizer, batch, cfg, torch.Generator().manual_seed(0), split, plan)
-    finally:
-        torch.utils.deterministic.fill_uninitialized_memory = fill
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics = run_update(policy, optimizer, batch, cfg, torch.Generator().manual_seed(0), split, plan)
     return {
         "update_s": time.perf_counter() - t0,
         "update_cpu_s": time.process_time() - c0,
@@ -124,12 +111,11 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
             policy = trainer.policy
             start = [p.detach().clone() for p in _params(policy)]
             plans = {k: DEFAULT_PLAN if k == "plain" else make_plan(c, 1, batch) for k, c in cfgs.items()}
-            plans[BEFORE], cfgs[BEFORE] = DEFAULT_PLAN, cfgs["plain"]
             _timed(policy, cfgs["plain"], batch, DEFAULT_PLAN, start)  # warms kernels and the allocator
             runs: dict[str, list[dict]] = {side: [] for side in plans}
             for _ in range(repeats):
                 for side, plan in plans.items():
-                    runs[side].append(_timed(policy, cfgs[side], batch, plan, start, nan_fill=side == BEFORE))
+                    runs[side].append(_timed(policy, cfgs[side], batch, plan, start))
         finally:
             trainer.close()
     out: dict = {
@@ -167,7 +153,4 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
             for k in ("update_s", "update_cpu_s", "passes_cpu_s"):
                 med[f"{k}_ratio"] = med[k] / out["plain"][k]
         out[side] = med
-    for side in runs:
-        for k in ("update_s", "update_cpu_s"):
-            out[side][f"{k}_ratio_to_before"] = out[side][k] / out[BEFORE][k]
     return out

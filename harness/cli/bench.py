@@ -49,9 +49,8 @@ def bench_command(
     and update, with the peak resident memory; real_update: the same without the sampling part;
     learner: on one rollout batch, the update under the default plan vs the update plan's other paths
     (harness.rl.plan: the sampler's log-probs, the shared prefix, bfloat16 compute, and their
-    combinations) and vs the default path as it ran before with new tensors NaN-filled (plain+nan_fill),
-    `--steps` interleaved repeats a side, with each dtype's matmul rate. `--only learner --only trl`
-    prints the equal-work comparison with TRL's GRPOTrainer beside it."""
+    combinations), `--steps` interleaved repeats a side, with each dtype's matmul rate. `--only learner
+    --only trl` prints the equal-work comparison with TRL's GRPOTrainer beside it."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]

@@ -89,7 +89,7 @@ def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
     """`--only learner`: every side on one rollout batch (or refused by the config, with the reason), each
     side's plan as named, ratios to plain, and every side's loss and gradient norm equal to the plain
     side's up to the rounding of its precision (float32 or bfloat16)."""
-    from harness.bench.learner import BEFORE, SIDES, bench_learner
+    from harness.bench.learner import SIDES, bench_learner
 
     cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 4}, turns={"max": 3})
     out = bench_learner(cfg, repeats=1)
@@ -104,10 +104,7 @@ def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
     assert out["plans"]["sampler+shared_prefix"] == {**plain_plan, "behaviour": "sampler", "shared_prefix": True}
     assert out["plans"]["bf16"] == {**plain_plan, "precision": "bfloat16"}
     assert out["train_tokens"] > out["trained_tokens"] > 0
-    assert set(out["plans"]) | set(out["refused"]) == {"plain", BEFORE, *SIDES}
-    assert not set(out["plans"]) & set(out["refused"])
-    assert out["plans"][BEFORE] == plain_plan and out[BEFORE]["loss_total"] == out["plain"]["loss_total"]
-    assert out[BEFORE]["update_s_ratio_to_before"] == 1.0
+    assert set(out["plans"]) | set(out["refused"]) == {"plain", *SIDES} and not set(out["plans"]) & set(out["refused"])
     if cfg.algo.epochs > 1 or cfg.algo.minibatches > 1:  # the on-policy shortcut needs a one-step update
         assert "first_forward" in out["refused"] and "algo.epochs" in out["refused"]["first_forward"]
     assert set(out["matmul_gflops"]) == {"float32", "bfloat16"} and isinstance(out["cpu_bf16"], str)
