@@ -29,16 +29,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` all at once (tmp file + fsync + os.replace)."""
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace `path` with `data` all at once (tmp file + fsync + os.replace)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` (UTF-8) all at once (tmp file + fsync + os.replace)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

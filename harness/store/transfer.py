@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.store.files import _fsync_dir
+from harness.store.files import _fsync_dir, atomic_write_bytes
 from harness.store.layout import CHECKPOINT, LOCK, QUARANTINE, STATUS
 
 Files = dict[str, bytes]
@@ -136,13 +136,7 @@ def merge_changes(held: Changes, new: Changes) -> None:
 
 def _write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    atomic_write_bytes(path, data)
 
 
 def _swap_checkpoint(folder: Path, files: Changes) -> None:
