@@ -53,6 +53,7 @@ class Block:
     tasks: int = 0
     verdicts: dict[str, tuple[str, float]] = field(default_factory=dict)  # cell -> (verdict, Holm-adjusted p)
     tested: str = ""  # the column the verdicts are about: Δ, else gain
+    sequential: bool = False  # verdicts from a seed budget's looks (analysis.sequential_table), not Holm
 
 
 def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:

@@ -66,6 +66,8 @@ def _holm_note(f: dict) -> str:
     iv = f["interval"]
     if f["verdict"] != "undetermined" or iv.degenerate or not (iv.lo > 0 or iv.hi < 0):
         return ""
+    if f.get("sequential"):  # a seed budget: each look tests at its share of the spent error rate
+        return " (its 95% interval excludes 0, but not at the share of the error rate its last look may spend)"
     return " (its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
 
 

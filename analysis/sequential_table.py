@@ -95,7 +95,7 @@ def add_sequential_verdicts(
             info.open.add(c)
         if d.verdict in ("undetermined", "open") and c in grids:
             info.needed[c] = seeds_needed(grids[c], plan, family)
-    block.tested = DELTA
+    block.tested, block.sequential = DELTA, True
     block.columns.insert(block.columns.index(DELTA) + 1, VERDICT)
     return info
 

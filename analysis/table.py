@@ -329,6 +329,7 @@ def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
             "p_holm": p,
             # evaluated on other held-out tasks than its baseline's: Δ compares two task distributions
             "other_tasks": block.tested == DELTA and c in block.other_tasks,
+            "sequential": block.sequential,
         }
         for c, (v, p) in block.verdicts.items()
     ]

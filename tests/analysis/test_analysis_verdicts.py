@@ -18,6 +18,7 @@ from synthetic import make_clip_sweep, write_point
 from synthetic_tasks import TASKS, make_task_sweep, task_rows
 from typer.testing import CliRunner
 
+from analysis.columns import DELTA
 from analysis.findings import answer
 from analysis.load import AnalysisError
 from analysis.render import render
@@ -111,6 +112,19 @@ def test_holm_keeps_a_contrast_whose_own_interval_excludes_0_undetermined(tmp_pa
         "(its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
     )
     assert "Holm" not in said["noisy"] and "Holm" not in said["large"] and "Holm" not in said["same"]
+
+
+def test_a_sequential_rows_open_verdict_is_explained_by_its_look_not_by_holm():
+    """A seed budget's row left undetermined with a fixed-n interval clear of 0 (clipping_sequential's
+    no-clip): the findings say the look's share of the error rate held it back, not Holm."""
+    from analysis.intervals import Interval
+
+    iv = Interval(-0.10, 0.03, 14.0, 15, 256)
+    assert iv.hi < 0
+    f = {"cell": "no-clip", "baseline": "ppo-token", "column": DELTA, "interval": iv, "verdict": "undetermined"}
+    assert "Holm" in answer(f, 0.05)
+    said = answer({**f, "sequential": True}, 0.05)
+    assert said.startswith("cannot tell no-clip from ppo-token") and "last look" in said and "Holm" not in said
 
 
 def test_an_established_difference_on_other_tasks_is_lower_never_worse(tmp_path):
