@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-CHECKPOINT = "checkpoint"
+from harness.store import CHECKPOINT, replace_folder
 
 
 class CheckpointError(RuntimeError):
@@ -46,12 +46,7 @@ def save_checkpoint(
     torch.save(payload, tmp / "state.pt")
     with open(tmp / "state.pt", "rb") as f:
         os.fsync(f.fileno())
-    old = run_dir / f".{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_folder(tmp, final)
     return final
 
 

@@ -24,6 +24,7 @@ from harness.store.files import (
     file_lock,
     jsonl_text,
     read_jsonl,
+    replace_folder,
     rewrite_jsonl,
 )
 from harness.store.integrity import CorruptPoint, check_sweep, point_problems, quarantine
@@ -94,6 +95,7 @@ __all__ = [
     "append_jsonl",
     "atomic_write_json",
     "atomic_write_text",
+    "replace_folder",
     "check_sweep",
     "file_lock",
     "is_point_dir",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,17 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def replace_folder(tmp: Path, final: Path) -> None:
+    """Put the finished folder `tmp` in the place of `final`: the old one is first renamed to
+    `.<name>.old` (a reader that finds no `final` between the two renames falls back to it), then
+    removed. Used for the trainer's checkpoint/ and for one that arrives through the Ray backend."""
+    shutil.rmtree(old := final.with_name(f".{final.name}.old"), ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

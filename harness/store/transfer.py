@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.store.files import _fsync_dir, atomic_write_bytes
+from harness.store.files import _fsync_dir, atomic_write_bytes, replace_folder
 from harness.store.layout import CHECKPOINT, LOCK, QUARANTINE, STATUS
 
 Files = dict[str, bytes]
@@ -146,12 +146,12 @@ def _swap_checkpoint(folder: Path, files: Changes) -> None:
     if present:
         for rel, data in present.items():
             _write_bytes(tmp / rel.split("/", 1)[1], data)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    if present:
-        os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, final)
+    else:  # the checkpoint is gone: through the same .old name a reader falls back to
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(folder)
 
 
