@@ -550,7 +550,7 @@ def test_what_the_tasks_of_a_cluster_without_a_shared_filesystem_get(monkeypatch
     assert "HARNESS_CACHE" not in remote._env()
     assert loopback._env()["HARNESS_CACHE"] == shared._env()["HARNESS_CACHE"] == str(Path("results/.cache").resolve())
     assert RayExecutor("10.0.0.1:6379", insecure=True)._env()["HARNESS_CACHE"]  # set by the user: kept
-    store = "sqlite:////work/results/mlflow.db"
+    store = "sqlite:////srv/sweeps/results/mlflow.db"  # an example path on the driver
     assert remote._task_mlflow(store) is None and "MLflow is off in the Ray tasks" in capsys.readouterr().out
     assert remote._task_mlflow("http://mlflow:5000") == "http://mlflow:5000"
     assert loopback._task_mlflow(store) == shared._task_mlflow(store) == store
