@@ -36,7 +36,7 @@ from typing import Any
 
 from harness.experiments.point import RunOptions, now_iso, point_dir, run_point
 from harness.experiments.sweep import Point
-from harness.store import EVENTS, append_jsonl
+from harness.store import CHECKPOINT, EVENTS, append_jsonl
 from harness.store.transfer import (
     Changes,
     ChangeTracker,
@@ -118,7 +118,7 @@ class Shipper:
 
     def _signature(self) -> tuple | None:
         try:
-            with os.scandir(self.folder / "checkpoint") as it:
+            with os.scandir(self.folder / CHECKPOINT) as it:
                 return tuple(sorted((e.name, e.inode(), e.stat().st_size, e.stat().st_mtime_ns) for e in it))
         except OSError:
             return None
