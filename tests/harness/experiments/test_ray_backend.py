@@ -408,7 +408,8 @@ def test_a_driver_killed_on_a_cluster_resumes_from_what_results_holds(tmp_path, 
     cmd += ["--results", str(results), "--no-mlflow"]
     env = cli_env(HARNESS_TRAIN_FN="tests.support.tune_fake_trainer:train", RAY_AUTH_TOKEN=TOKEN)
     driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: all(checkpoint_at(d) == 3 for d in dirs), driver)  # both paused, checkpoint 3 here
+    # both paused, checkpoint 3 here, and the status the driver writes after a change set's checkpoint too
+    wait_until(lambda: all(checkpoint_at(d) == 3 and (d / "status").exists() for d in dirs), driver)
     driver.kill()
     driver.wait(timeout=60)
     for d in dirs:
