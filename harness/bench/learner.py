@@ -51,6 +51,16 @@ SIDES = {
         "shared_prefix": True,
         "logprob_positions": "needed",
     },
+    # the shared prefix through a key-value cache (train.learner.prefix_impl), beside the packed sides above
+    "shared_prefix_kv": {"shared_prefix": True, "prefix_impl": "kv_cache"},
+    "bf16+shared_prefix_kv": {"precision": "bfloat16", "shared_prefix": True, "prefix_impl": "kv_cache"},
+    "bf16+first_forward+shared_prefix_kv+needed": {
+        "precision": "bfloat16",
+        "behaviour": "first_forward",
+        "shared_prefix": True,
+        "prefix_impl": "kv_cache",
+        "logprob_positions": "needed",
+    },
 }
 
 
@@ -133,6 +143,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
                 "behaviour": p.behaviour,
                 "reference": p.reference,
                 "shared_prefix": p.shared_prefix,
+                "prefix_impl": p.prefix_impl,
                 "precision": p.precision,
                 "needed_positions": p.needed_positions,
             }

@@ -250,12 +250,34 @@ def learner_problem(cfg: RunConfig) -> str | None:
             "rounding gap; set train.learner.behaviour: recompute (the behaviour pass then runs in the same "
             "precision) or train.learner.precision: float32"
         )
+    problem = prefix_impl_problem(cfg)
+    if problem:
+        return problem
     trained = kl.estimator != "none" and kl.coef > 0
     if ln.reference_every > 1 and trained:
         return (
             f"train.learner.reference_every = {ln.reference_every} with a KL to the reference in the "
             f"{kl.where} (algo.kl.estimator {kl.estimator!r}, coef {kl.coef:g}): the reference log-probs are "
             f"needed every update; set train.learner.reference_every: 1 or algo.kl.coef: 0"
+        )
+    return None
+
+
+def prefix_impl_problem(cfg: RunConfig) -> str | None:
+    """Why train.learner.prefix_impl cannot run as written (None: it can)."""
+    ln = cfg.train.learner
+    if ln.prefix_impl == "packed":
+        return None
+    if not ln.shared_prefix:
+        return (
+            f"train.learner.prefix_impl = {ln.prefix_impl!r} with train.learner.shared_prefix = false: it says how "
+            "a shared prefix is computed, and none is; set train.learner.shared_prefix: true or remove prefix_impl"
+        )
+    if cfg.model.gradient_checkpointing:
+        return (
+            f"train.learner.prefix_impl = {ln.prefix_impl!r} with model.gradient_checkpointing = true: checkpointed "
+            "layers keep no key-value cache, so the rows would not see their prefix; set "
+            "model.gradient_checkpointing: false or train.learner.prefix_impl: packed"
         )
     return None
 

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from harness.model.prefix_cache import kv_cache_hidden_states
+
 DEFAULT_CHUNK = 1024  # rows of (chunk, V) float32 logits: 0.6 GB for Qwen's 152k vocabulary
 # Disallowed logits are set to this finite value rather than -inf, so that p * logit stays 0
 # (not nan) in the entropy and in the fused backward; exp(NEG - lse) underflows to exactly 0.
@@ -63,11 +65,13 @@ def hidden_states(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     prefix_keys: torch.Tensor | None = None,
+    prefix_impl: str = "packed",
 ) -> torch.Tensor:
     """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head.
-    prefix_keys (B,): rows with the same key run their common prefix once (`shared_prefix_hidden_states`)."""
+    prefix_keys (B,): rows with the same key run their common prefix once (`shared_prefix_hidden_states`,
+    by `prefix_impl`, a key of `PREFIX_IMPLS`)."""
     if prefix_keys is not None:
-        return shared_prefix_hidden_states(model, input_ids, attention_mask, prefix_keys)
+        return shared_prefix_hidden_states(model, input_ids, attention_mask, prefix_keys, prefix_impl)
     decoder, _ = backbone_and_head(model)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=False
@@ -82,11 +86,10 @@ def common_prefix(ids: torch.Tensor, lengths: torch.Tensor) -> int:
     return n_min if bool(same.all()) else int((~same).nonzero()[0])
 
 
-def _pack(ids: torch.Tensor, lengths: torch.Tensor, rows: list[int]):
-    """One packed row for `rows`: their common prefix once, then each row's rest. Returns the packed ids
-    (Lp,), positions (Lp,), member of each packed token (-1: the prefix) and, per row, the packed index of
-    each of its positions (L_r,)."""
-    P = common_prefix(ids[rows], lengths[rows])
+def _pack(ids: torch.Tensor, lengths: torch.Tensor, rows: list[int], P: int):
+    """One packed row for `rows` and their common prefix length P: the prefix once, then each row's rest.
+    Returns the packed ids (Lp,), positions (Lp,), member of each packed token (-1: the prefix) and, per
+    row, the packed index of each of its positions (L_r,)."""
     toks, pos, member, where = [ids[rows[0], :P]], [torch.arange(P)], [torch.full((P,), -1)], []
     at = P
     for i, r in enumerate(rows):
@@ -100,17 +103,20 @@ def _pack(ids: torch.Tensor, lengths: torch.Tensor, rows: list[int]):
 
 
 def shared_prefix_hidden_states(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_keys: torch.Tensor
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prefix_keys: torch.Tensor,
+    impl: str = "packed",
 ) -> torch.Tensor:
     """`hidden_states` with the common prefix of rows that share a key computed once (docs/trainer.md#shared-prefix).
 
-    The rows of one key (the members of a GRPO group: system prompt, instructions, first observation) are
-    packed into one sequence, [prefix, rest of row 1, rest of row 2, ...], with a block attention mask (a
-    row's tokens see the prefix and their own earlier tokens, nothing of the other rows) and each row's own
-    position ids, as Prefix Grouper (Liu et al. 2025) does; every row's hidden states are then gathered back
-    into (B, T, H), so log-probs, values and their gradients read them as from the plain pass (the prefix's
-    gradient sums over the rows that share it). Equal to the plain pass up to float rounding. Rows are
-    right-padded (the batch layout); positions past a row's length get the hidden state of its first token
+    The rows of one key (the members of a GRPO group: system prompt, instructions, first observation) form a
+    cluster; `impl` (train.learner.prefix_impl) says how its prefix is shared: packed (`_packed_hidden_states`,
+    Prefix Grouper's packed sequence) or kv_cache (`harness.model.prefix_cache`). Either way every row's
+    hidden states come back as (B, T, H), so log-probs, values and their gradients read them as from the
+    plain pass (the prefix's gradient sums over the rows that share it), equal to it up to float rounding.
+    Rows are right-padded (the batch layout); positions past a row's length get a placeholder hidden state
     and are masked by every caller."""
     decoder, _ = backbone_and_head(model)
     attn = getattr(decoder.config, "_attn_implementation", None)
@@ -118,22 +124,37 @@ def shared_prefix_hidden_states(
         raise ValueError(
             f"train.learner.shared_prefix needs an attention that takes a 4D mask (sdpa or eager), not {attn!r}"
         )
-    dev = input_ids.device
+    if impl not in PREFIX_IMPLS:
+        raise ValueError(f"train.learner.prefix_impl must be one of {sorted(PREFIX_IMPLS)}, not {impl!r}")
     ids, lengths = input_ids.cpu(), attention_mask.sum(1).cpu()
     if not bool((attention_mask.cpu().bool() == (torch.arange(ids.shape[1])[None] < lengths[:, None])).all()):
         raise ValueError("shared_prefix_hidden_states needs right-padded rows")
     keys = prefix_keys.cpu().tolist()
-    clusters: dict[int, list[int]] = {}
+    rows_of: dict[int, list[int]] = {}
     for r, k in enumerate(keys):
-        clusters.setdefault(k, []).append(r)
-    packs = [_pack(ids, lengths, rows) for rows in clusters.values()]
+        rows_of.setdefault(k, []).append(r)
+    clusters = [(rows, common_prefix(ids[rows], lengths[rows])) for rows in rows_of.values()]
+    return PREFIX_IMPLS[impl](decoder, input_ids, lengths, clusters)
+
+
+def _packed_hidden_states(
+    decoder: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]
+) -> torch.Tensor:
+    """train.learner.prefix_impl packed: the rows of each cluster (its rows, their common prefix length) are
+    packed into one sequence, [prefix, rest of row 1, rest of row 2, ...], with a block attention mask (a
+    row's tokens see the prefix and their own earlier tokens, nothing of the other rows) and each row's own
+    position ids, as Prefix Grouper (Liu et al. 2025) does; every row's hidden states are then gathered back
+    into (B, T, H). Positions past a row's length get the hidden state of its first token."""
+    dev = input_ids.device
+    ids = input_ids.cpu()
+    packs = [_pack(ids, lengths, rows, P) for rows, P in clusters]
     Lp = max(len(p[0]) for p in packs)
     Bp, T = len(packs), ids.shape[1]
     pid = torch.zeros(Bp, Lp, dtype=ids.dtype)
     ppos = torch.zeros(Bp, Lp, dtype=torch.long)
     member = torch.full((Bp, Lp), -2)  # -2: padding, which sees only itself
     src_row, src_pos = torch.zeros(ids.shape[0], T, dtype=torch.long), torch.zeros(ids.shape[0], T, dtype=torch.long)
-    for b, ((tok, pos, mem, where), rows) in enumerate(zip(packs, clusters.values())):
+    for b, ((tok, pos, mem, where), (rows, _)) in enumerate(zip(packs, clusters)):
         n = len(tok)
         pid[b, :n], ppos[b, :n], member[b, :n] = tok, pos, mem
         for r, w in zip(rows, where):
@@ -146,6 +167,10 @@ def shared_prefix_hidden_states(
     mask = torch.zeros(Bp, 1, Lp, Lp, dtype=dtype).masked_fill_(~see[:, None], torch.finfo(dtype).min)
     out = decoder(input_ids=pid.to(dev), attention_mask=mask.to(dev), position_ids=ppos.to(dev), use_cache=False)
     return out.last_hidden_state[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
+
+
+# train.learner.prefix_impl -> (decoder, input_ids (B, T), lengths (B,) on the CPU, clusters) -> (B, T, H)
+PREFIX_IMPLS = {"packed": _packed_hidden_states, "kv_cache": kv_cache_hidden_states}
 
 
 class _LinearLogprob(torch.autograd.Function):
@@ -297,6 +322,7 @@ def token_logprobs(
     token_mask: torch.Tensor | None = None,
     allowed: torch.Tensor | None = None,
     prefix_keys: torch.Tensor | None = None,
+    prefix_impl: str = "packed",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
 
@@ -306,9 +332,10 @@ def token_logprobs(
     `token_mask` (B, T), optional: compute only where it is 1 (e.g. action tokens); others are 0.
     `allowed` (B, T, K), optional: token ids position t could be drawn from (constrained decoding;
     -1 padding, all -1 = unconstrained); log-softmax and entropy are then over that set.
-    `prefix_keys` (B,), optional: rows with the same key run their common prefix once (`hidden_states`).
+    `prefix_keys` (B,), optional: rows with the same key run their common prefix once (`hidden_states`), as
+    `prefix_impl` says (a key of `PREFIX_IMPLS`).
     """
-    hidden = hidden_states(model, input_ids, attention_mask, prefix_keys)  # (B, T, H)
+    hidden = hidden_states(model, input_ids, attention_mask, prefix_keys, prefix_impl)  # (B, T, H)
     return logprobs_from_hidden(
         model,
         hidden,
@@ -328,6 +355,7 @@ __all__ = [
     "logprobs_from_hidden",
     "hidden_states",
     "shared_prefix_hidden_states",
+    "PREFIX_IMPLS",
     "common_prefix",
     "backbone_and_head",
     "position_ids",

@@ -74,7 +74,9 @@ def prefix_keys(batch: TrainBatch) -> torch.Tensor:
 def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | None = None):
     """The rows' units for a shared-prefix pass: `units` (lists of positions into `rows`; default each row
     its own) merged by group, and each merged unit's packed length (its rows' common prefix once plus
-    every row's rest): what one packed sequence costs (harness.model.logprobs.shared_prefix_hidden_states)."""
+    every row's rest): what one packed sequence costs (harness.model.logprobs.shared_prefix_hidden_states).
+    Under train.learner.prefix_impl kv_cache the same count is the tokens its two passes run (the prefix once,
+    then the rests), so it serves as the cost of either; only attention's share of the cost differs."""
     keys = prefix_keys(batch)[rows].tolist()
     merged: dict[int, list[int]] = {}
     for unit in units if units is not None else [[k] for k in range(len(rows))]:

@@ -52,7 +52,12 @@ def forward_slices(batch: TrainBatch, size: int, tokens: int, shared_prefix: boo
 
 
 def _reference_logp(
-    policy, mb: TrainBatch, temperature: float, shared_prefix: bool = False, need: torch.Tensor | None = None
+    policy,
+    mb: TrainBatch,
+    temperature: float,
+    shared_prefix: bool = False,
+    need: torch.Tensor | None = None,
+    prefix_impl: str = "packed",
 ) -> torch.Tensor:
     with policy.reference() as ref_model:
         dev = next(ref_model.parameters()).device
@@ -64,12 +69,19 @@ def _reference_logp(
             allowed=on_device(mb.allowed, dev),
             prefix_keys=prefix_keys(mb) if shared_prefix else None,
             token_mask=on_device(need, dev),
+            prefix_impl=prefix_impl,
         )
     return rlp.to(mb.input_ids.device)
 
 
 def _constrained_forward(
-    policy, mb: TrainBatch, temperature: float, with_values: bool, shared_prefix: bool, need: torch.Tensor
+    policy,
+    mb: TrainBatch,
+    temperature: float,
+    with_values: bool,
+    shared_prefix: bool,
+    need: torch.Tensor,
+    prefix_impl: str = "packed",
 ):
     """Under constrained decoding: log-probs and entropy of the constrained policy, the
     full-vocabulary entropy and the values (or None), from ONE backbone pass. The two heads read
@@ -77,7 +89,9 @@ def _constrained_forward(
     running the backbone twice."""
     home, dev = mb.input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
-    hidden = hidden_states(policy.model, ids, attn, prefix_keys(mb) if shared_prefix else None)  # (B, T, H)
+    hidden = hidden_states(
+        policy.model, ids, attn, prefix_keys(mb) if shared_prefix else None, prefix_impl
+    )  # (B, T, H)
     need = on_device(need, dev)
     lp, ent_c = logprobs_from_hidden(
         policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed, token_mask=need
@@ -119,10 +133,13 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
                 with_values=cfg.algo.critic.enabled,
                 prefix=prefix_keys(mb) if share else None,
                 token_mask=need,
+                prefix_impl=plan.prefix_impl,
             )
         else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
-            lp, ent_c, ent, v = _constrained_forward(policy, mb, temperature, cfg.algo.critic.enabled, share, need)
-        ref = _reference_logp(policy, mb, temperature, share, need) if plan.reference else None
+            lp, ent_c, ent, v = _constrained_forward(
+                policy, mb, temperature, cfg.algo.critic.enabled, share, need, plan.prefix_impl
+            )
+        ref = _reference_logp(policy, mb, temperature, share, need, plan.prefix_impl) if plan.reference else None
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
@@ -153,7 +170,12 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
             mb = batch.rows(idx)
             refs.append(
                 _reference_logp(
-                    policy, mb, cfg.rollout.temperature, share, head_positions(mb, cfg, plan.needed_positions)
+                    policy,
+                    mb,
+                    cfg.rollout.temperature,
+                    share,
+                    head_positions(mb, cfg, plan.needed_positions),
+                    plan.prefix_impl,
                 )
             )
         parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]

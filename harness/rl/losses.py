@@ -67,6 +67,7 @@ def policy_forward(
     allowed: torch.Tensor | None = None,
     prefix: torch.Tensor | None = None,
     token_mask: torch.Tensor | None = None,
+    prefix_impl: str = "packed",
 ):
     """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
     pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
@@ -74,7 +75,8 @@ def policy_forward(
 
     The batch lives on the CPU; only this pass runs on the model's device (GPU), and its (B, T)
     outputs come back to the batch's device, gradients flowing through the copies. `prefix` (B,): rows
-    with the same key run their common prefix once (train.learner.shared_prefix). `token_mask` (B, T):
+    with the same key run their common prefix once (train.learner.shared_prefix, computed as `prefix_impl`
+    says: train.learner.prefix_impl). `token_mask` (B, T):
     the positions whose log-probs and entropies are computed (`head_positions`); 0 elsewhere."""
     home, dev = input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(input_ids, dev), on_device(attention_mask, dev), on_device(allowed, dev)
@@ -89,9 +91,10 @@ def policy_forward(
             allowed=allowed,
             prefix_keys=prefix,
             token_mask=token_mask,
+            prefix_impl=prefix_impl,
         )
         return on_device(lp, home), on_device(ent, home), None
-    hidden = hidden_states(policy.model, ids, attn, prefix)  # (B, T, H)
+    hidden = hidden_states(policy.model, ids, attn, prefix, prefix_impl)  # (B, T, H)
     lp, ent = logprobs_from_hidden(
         policy.model,
         hidden,
@@ -137,6 +140,7 @@ def loss_terms(
     is_weight: torch.Tensor | None = None,
     shared_prefix: bool = False,
     needed_positions: bool = False,
+    prefix_impl: str = "packed",
 ) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
@@ -144,8 +148,8 @@ def loss_terms(
     (the SAMPO sequence mask, docs/algorithms.md#sampo; rejections of `algo.correction`, docs/algorithms.md#off-policy).
     As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
     and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
-    token's policy loss, applied before aggregation (None = 1). `shared_prefix`, `needed_positions`: the update
-    plan's (harness.rl.plan). `old_logp` None: the micro-batch is on-policy
+    token's policy loss, applied before aggregation (None = 1). `shared_prefix`, `needed_positions`, `prefix_impl`: the
+    update plan's (harness.rl.plan). `old_logp` None: the micro-batch is on-policy
     (train.learner.behaviour: first_forward) and its behaviour log-probs are this forward's own, detached;
     they are returned in `MicroLoss.old_logp`."""
     a = cfg.algo
@@ -160,6 +164,7 @@ def loss_terms(
         allowed=mb.allowed,
         prefix=prefix_keys(mb) if shared_prefix else None,
         token_mask=head_positions(mb, cfg, needed_positions),
+        prefix_impl=prefix_impl,
     )
     taken = old_logp is None
     if taken:  # verl's on-policy shortcut: the ratio is 1, its gradient that of the log-prob

@@ -16,7 +16,8 @@ values. The plan says which of them run and where the behaviour log-probs come f
                train.learner.reference_every updates (1, k + 1, 2k + 1, ...), for diag/kl_* alone.
     shared prefix  with train.learner.shared_prefix, every pass (behaviour, reference, training) runs a
                group's common prefix once (harness.model.logprobs.shared_prefix_hidden_states), its
-               micro-batches made of whole groups (harness.rl.batch.prefix_units).
+               micro-batches made of whole groups (harness.rl.batch.prefix_units); train.learner.prefix_impl
+               says how: one packed sequence per group, or the prefix's key-value cache under each row's rest.
 
     positions  train.learner.logprob_positions: needed runs the lm_head only where the update reads a log-prob.
     precision  train.learner.precision: bfloat16 runs those passes and the training forward under autocast
@@ -46,11 +47,12 @@ class UpdatePlan:
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
     precision: str = "float32"  # compute dtype of the learner's passes (train.learner.precision)
     needed_positions: bool = False  # log-probs only where the update reads them (train.learner.logprob_positions)
+    prefix_impl: str = "packed"  # how the shared prefix is computed (train.learner.prefix_impl)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         if not self.logged:
             return {}
-        return {
+        out = {
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
             "plan/behaviour_first_forward": torch.tensor(float(self.behaviour == "first_forward")),
             "plan/reference": torch.tensor(float(self.reference)),
@@ -58,6 +60,9 @@ class UpdatePlan:
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
             "plan/needed_positions": torch.tensor(float(self.needed_positions)),
         }
+        if self.prefix_impl != "packed":  # only runs that set it: the others keep their metrics byte for byte
+            out["plan/prefix_kv_cache"] = torch.tensor(float(self.prefix_impl == "kv_cache"))
+        return out
 
     def compute(self, device: torch.device | str) -> AbstractContextManager:
         """The context the learner's forward passes run in on `device`: autocast to bfloat16 under
@@ -108,4 +113,5 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
         logged=not ln.is_default,
         precision=ln.precision,
         needed_positions=ln.logprob_positions == "needed",
+        prefix_impl=ln.prefix_impl,
     )

@@ -154,6 +154,7 @@ def _policy_masks(
             allowed=mb.allowed,
             prefix=prefix_keys(mb) if plan.shared_prefix else None,
             token_mask=head_positions(mb, cfg, plan.needed_positions),
+            prefix_impl=plan.prefix_impl,
         )
         out.append(
             negative_advantage_seq_mask(
@@ -229,6 +230,7 @@ def _minibatch_step(
                 _pick(corr.weight, micro, T),
                 shared_prefix,
                 plan.needed_positions,
+                plan.prefix_impl,
             )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")

@@ -158,9 +158,10 @@ def test_prefix_units_merge_a_group_and_count_its_prefix_once(env):
     assert pack_units([[0, 1], [2], [3, 4]], [10, 6, 4], size=3, tokens=0) == [[0, 1, 2], [3, 4]]  # rows <= 3
 
 
-def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_PLAN):
+def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_PLAN, impl="packed"):
     """Log-probs, entropies and the gradient of their sum over the loss mask, from zeroed gradients; the
-    forward in `plan`'s precision, the backward outside it (as the update runs them)."""
+    forward in `plan`'s precision, the backward outside it (as the update runs them); a shared prefix
+    computed as `impl` (train.learner.prefix_impl) says."""
     for p in t.policy.actor_parameters():
         p.grad = None
     with plan.compute("cpu"):
@@ -172,13 +173,15 @@ def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_
             with_entropy=True,
             allowed=batch.allowed,
             prefix_keys=share,
+            prefix_impl=impl,
         )
     (lp * batch.loss_mask).sum().backward()
     return lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
 
 
+@pytest.mark.parametrize("impl", ["packed", "kv_cache"])
 @pytest.mark.parametrize("layout,constrain", [("concatenated", False), ("concatenated", True), ("per-step", False)])
-def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env, layout, constrain):
+def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env, layout, constrain, impl):
     raw = raw_config({**GRPO, "layout": layout, "constrain": constrain})
     cfg = validate_run_config(raw, "test")
     t = env.trainer(cfg)
@@ -187,24 +190,41 @@ def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env
     t.policy.model.train()
     out = {}
     for share in (None, prefix_keys(batch)):
-        out[share is None] = _logprobs_and_grads(t, batch, cfg, share)
+        out[share is None] = _logprobs_and_grads(t, batch, cfg, share, impl=impl)
     (lp0, ent0, g0), (lp1, ent1, g1) = out[True], out[False]
     m = batch.attention_mask.bool()
     assert (lp0 - lp1)[m].abs().max().item() < TOL and (ent0 - ent1)[m].abs().max().item() < TOL
     assert ((g0 - g1).norm() / g0.norm()).item() < 1e-4 and g0.norm() > 0
 
 
-def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env):
-    cfg = learner_cfg(shared_prefix=True)
+# the plan/* keys a run with a shared prefix logged before train.learner.prefix_impl existed: packed runs
+# keep exactly these (their metrics.jsonl byte for byte), kv_cache runs add plan/prefix_kv_cache
+PLAN_KEYS = {
+    "plan/behaviour_recomputed",
+    "plan/behaviour_first_forward",
+    "plan/reference",
+    "plan/shared_prefix",
+    "plan/bf16",
+    "plan/needed_positions",
+}
+
+
+@pytest.mark.parametrize("impl", ["packed", "kv_cache"])
+def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
+    cfg = learner_cfg(shared_prefix=True, prefix_impl=impl)
     plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
     batch = env.batch(env.trainer(cfg), cfg)
     plan = make_plan(cfg, 1, batch)
-    assert plan.shared_prefix and plan.behaviour == "recompute"
+    assert plan.shared_prefix and plan.behaviour == "recompute" and plan.prefix_impl == impl
     shared, shared_w = _step(env, cfg, plan)
     for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
         assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
-    assert (shared_w - plain_w).abs().max().item() < 1e-5
+    start = _weights(env.trainer(cfg))
+    assert (shared_w - plain_w).abs().max().item() < 1e-5 < (plain_w - start).abs().max().item()
     assert shared["plan/shared_prefix"] == 1
+    logged = {k for k in shared if k.startswith("plan/")}
+    assert logged == (PLAN_KEYS if impl == "packed" else PLAN_KEYS | {"plan/prefix_kv_cache"})
+    assert shared.get("plan/prefix_kv_cache", 0) == (impl == "kv_cache")
     # micro-batches are whole groups, each one packed sequence: under a budget smaller than any row, the
     # plain path gives each trajectory a pass of its own, the shared prefix each group
     rows = torch.arange(batch.num_rows)
@@ -219,9 +239,10 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env):
 BF16_TOL = 0.1
 
 
-@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("share", [False, "packed", "kv_cache"])
 def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, share):
-    cfg = learner_cfg(precision="bfloat16", shared_prefix=share)
+    impl = {"prefix_impl": share} if share else {}
+    cfg = learner_cfg(precision="bfloat16", shared_prefix=bool(share), **impl)
     t = env.trainer(cfg)
     batch = env.batch(t, cfg)
     perturb(t.policy, 4)  # off the start: the gradients below are not all zero
@@ -231,7 +252,7 @@ def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_r
     out = {}
     for bf16 in (False, True):
         lp, ent, g = _logprobs_and_grads(
-            t, batch, cfg, prefix_keys(batch) if share else None, plan if bf16 else DEFAULT_PLAN
+            t, batch, cfg, prefix_keys(batch) if share else None, plan if bf16 else DEFAULT_PLAN, share or "packed"
         )
         assert lp.dtype == torch.float32 and ent.dtype == torch.float32  # log-softmax stays float32
         out[bf16] = lp, ent, g
@@ -411,12 +432,45 @@ def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, const
 
 
 def test_keys_added_to_the_learner_later_leave_earlier_hashes_alone():
-    """precision and logprob_positions came after runs with other train.learner values were written: at
-    their defaults they are left out of the hash, so those runs keep their point ids."""
+    """precision, logprob_positions and prefix_impl came after runs with other train.learner values were
+    written: at their defaults they are left out of the hash, so those runs keep their point ids."""
     cfg = learner_cfg(shared_prefix=True)
     dump = cfg.model_dump(mode="json")
-    for key in ("precision", "logprob_positions"):
-        del dump["train"]["learner"][key]  # the section as written before the two keys existed
+    for key in ("precision", "logprob_positions", "prefix_impl"):
+        del dump["train"]["learner"][key]  # the section as written before the three keys existed
     assert config_hash(cfg) == config_hash(dump)
     assert config_hash(learner_cfg(shared_prefix=True, precision="bfloat16")) != config_hash(cfg)
     assert config_hash(learner_cfg(shared_prefix=True, logprob_positions="needed")) != config_hash(cfg)
+    assert config_hash(learner_cfg(shared_prefix=True, prefix_impl="kv_cache")) != config_hash(cfg)
+    assert "prefix_impl" in cfg.model_dump(mode="json")["train"]["learner"]  # the caller's dump is left whole
+
+
+def test_prefix_impl_leaves_a_default_learner_default():
+    """A default config is hashed without its train.learner section (the section at its default, prefix_impl
+    included), and the learner stays default, so it logs no plan/* and keeps its point id."""
+    cfg = learner_cfg()
+    assert cfg.train.learner.prefix_impl == "packed" and cfg.train.learner.is_default
+    dump = cfg.model_dump(mode="json")
+    del dump["train"]["learner"]  # a default config's hash, before and after the key: without the section
+    assert config_hash(cfg) == config_hash(dump)
+    assert not learner_cfg(shared_prefix=True, prefix_impl="kv_cache").train.learner.is_default
+
+
+@pytest.mark.parametrize(
+    "section,learner,named",
+    [
+        ({}, {"prefix_impl": "kv_cache"}, "with train.learner.shared_prefix = false"),
+        (
+            {"gradient_checkpointing": True},
+            {"shared_prefix": True, "prefix_impl": "kv_cache"},
+            "gradient_checkpointing",
+        ),
+    ],
+)
+def test_prefix_impl_is_refused_where_it_cannot_run(section, learner, named):
+    raw = raw_config(GRPO)
+    raw["model"] = {**raw["model"], **section}
+    raw["train"] = {**raw["train"], "learner": learner}
+    with pytest.raises(ConfigError, match=named) as e:
+        validate_run_config(raw, "test")
+    assert "train.learner.prefix_impl = 'kv_cache'" in str(e.value)

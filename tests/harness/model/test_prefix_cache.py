@@ -1,0 +1,154 @@
+"""The shared prefix through a key-value cache (harness.model.prefix_cache, train.learner.prefix_impl: kv_cache)
+against the plain pass and the packed one, on a tiny random Qwen2 with a LoRA adapter: hidden states,
+log-probs, entropies and LoRA gradients, in float32 (sdpa and eager) and under bfloat16 autocast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from harness.model import logprobs
+from harness.model.base import peft_reads_deprecated_attributes
+from harness.model.logprobs import common_prefix, hidden_states, token_logprobs
+
+VOCAB = 300
+# float32: the three paths multiply the same numbers in other groupings (other matrix shapes, a softmax over
+# other key sets padded with masked slots); measured gaps to the plain and packed passes are at most 1e-6 on
+# hidden states (of size ~1), 5e-7 on log-probs and entropies, 3e-7 relative on the LoRA gradient, so 1e-5
+# is rounding with margin; a wrong position, prefix mask, row-to-cache map or a detached cache fails it
+TOL = 1e-5
+# bfloat16 keeps 8 bits of mantissa (relative rounding 4e-3): measured against float32, hidden states move by
+# up to 6e-2, log-probs by 2e-3, the gradient by 7e-3 relative; against the bfloat16 plain and packed passes
+# about a tenth of that
+BF16_TOL = 0.1
+
+
+def _model(attn: str):
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        attn_implementation=attn,
+    )
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"])
+    lora.init_lora_weights = False  # B random too: every LoRA matrix gets a gradient
+    with peft_reads_deprecated_attributes():
+        return get_peft_model(Qwen2ForCausalLM(cfg), lora).train()
+
+
+# (key, prefix length P, row lengths): several clusters of different prefix lengths, rows of different
+# lengths, an empty rest (a row that is all prefix), identical rows (key 4: both all prefix), a one-row
+# cluster, a cluster sharing no token
+CLUSTERS = [(7, 10, [30, 20, 12]), (3, 5, [25, 5]), (4, 18, [18, 18]), (9, 14, [14]), (2, 0, [9, 16])]
+
+
+def _batch(clusters=CLUSTERS, T=32, seed=1):
+    """Right-padded rows (B, T), their mask and keys, the rows of one cluster interleaved with the others'."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(key, P, n, j) for key, P, lengths in clusters for j, n in enumerate(lengths)]
+    rows = [rows[k] for k in torch.randperm(len(rows), generator=g).tolist()]
+    ids = torch.randint(0, VOCAB, (len(rows), T), generator=g)
+    prefixes = {key: torch.randint(0, VOCAB, (P,), generator=g) for key, P, _ in clusters}
+    for r, (key, P, n, j) in enumerate(rows):
+        ids[r, :P] = prefixes[key]
+        if n > P:
+            ids[r, P] = (P + 7 * j) % VOCAB  # rows part right after the prefix
+    lengths = torch.tensor([n for _, _, n, _ in rows])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()  # (B, T)
+    keys = torch.tensor([key for key, *_ in rows])
+    for key, P, _ in clusters:  # the batch is what the cases say
+        assert common_prefix(ids[keys == key], lengths[keys == key]) == P
+    return ids, mask, keys
+
+
+def _lora(model) -> list[torch.nn.Parameter]:
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
+def _pass(model, ids, mask, keys, impl, precision="float32"):
+    """Hidden states, log-probs, entropies and the LoRA gradient of the log-probs' sum, as one update runs them."""
+    for p in model.parameters():
+        p.grad = None
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
+    with ctx:
+        h = hidden_states(model, ids, mask, keys, impl)
+        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, prefix_keys=keys, prefix_impl=impl)
+    (lp.sum() + (h.float() * mask[..., None]).sum() * 1e-3).backward()
+    return h.detach().float(), lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in _lora(model)])
+
+
+def _spy(monkeypatch) -> list[int]:
+    """Counts the kv_cache path's calls, so a test knows that path ran."""
+    calls, impl = [], logprobs.PREFIX_IMPLS["kv_cache"]
+    monkeypatch.setitem(logprobs.PREFIX_IMPLS, "kv_cache", lambda *a: calls.append(1) or impl(*a))
+    return calls
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_kv_cache_gives_the_plain_and_packed_values_and_gradients(attn, monkeypatch):
+    model, (ids, mask, keys) = _model(attn), _batch()
+    calls = _spy(monkeypatch)
+    plain = _pass(model, ids, mask, None, "packed")
+    packed = _pass(model, ids, mask, keys, "packed")
+    cached = _pass(model, ids, mask, keys, "kv_cache")
+    assert len(calls) == 2  # hidden states and log-probs, each through the cache
+    m = mask.bool()
+    for other in (plain, packed):
+        for a, b in zip(cached[:3], other[:3]):
+            assert (a - b)[m].abs().max().item() < TOL
+        assert ((cached[3] - other[3]).norm() / other[3].norm()).item() < TOL
+    assert plain[3].norm() > 0 and (cached[1][m] != 0).any()
+
+
+def test_padding_positions_are_finite_and_receive_no_gradient():
+    model, (ids, mask, keys) = _model("sdpa"), _batch()
+    h, lp, _, g = _pass(model, ids, mask, keys, "kv_cache")
+    assert torch.isfinite(h).all() and torch.isfinite(g).all()
+    assert (lp[~mask.bool()] == 0).all()
+
+
+@pytest.mark.parametrize("clusters", [[(1, 0, [9, 16]), (2, 0, [12, 5])], [(1, 12, [12, 12]), (2, 8, [8])]])
+def test_the_kv_cache_with_no_prefix_or_no_rest_anywhere(clusters):
+    """Every cluster's prefix empty (no cache pass) or every rest empty (no rest pass)."""
+    model, (ids, mask, keys) = _model("sdpa"), _batch(clusters, T=20)
+    plain, cached = _pass(model, ids, mask, None, "packed"), _pass(model, ids, mask, keys, "kv_cache")
+    m = mask.bool()
+    assert (cached[1] - plain[1])[m].abs().max().item() < TOL
+    assert ((cached[3] - plain[3]).norm() / plain[3].norm()).item() < TOL
+
+
+def test_under_bfloat16_the_kv_cache_gives_the_plain_values_within_its_rounding():
+    model, (ids, mask, keys) = _model("sdpa"), _batch()
+    m = mask.bool()
+    f32 = _pass(model, ids, mask, None, "packed")
+    runs = {impl: _pass(model, ids, mask, keys, impl, "bfloat16") for impl in ("packed", "kv_cache")}
+    runs["plain"] = _pass(model, ids, mask, None, "packed", "bfloat16")
+    cached = runs["kv_cache"]
+    assert TOL < (cached[1] - f32[1])[m].abs().max().item()  # it ran in bfloat16
+    for other in (f32, runs["plain"], runs["packed"]):
+        for a, b in zip(cached[:3], other[:3]):
+            assert (a - b)[m].abs().max().item() < BF16_TOL
+        cos = torch.nn.functional.cosine_similarity(cached[3], other[3], dim=0).item()
+        assert cos > 0.99 and ((cached[3] - other[3]).norm() / other[3].norm()).item() < BF16_TOL
+
+
+def test_the_kv_cache_refuses_what_cannot_carry_its_cache():
+    model, (ids, mask, keys) = _model("sdpa"), _batch()
+    model.get_base_model().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.raises(ValueError, match="model.gradient_checkpointing"):
+        hidden_states(model, ids, mask, keys, "kv_cache")
+    with torch.no_grad():  # no backward to replay: the cache is kept, and the pass runs
+        hidden_states(model, ids, mask, keys, "kv_cache")
+    model = _model("sdpa")
+    model.get_base_model().get_decoder().config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"train.learner.shared_prefix needs an attention that takes a 4D mask"):
+        hidden_states(model, ids, mask, keys, "kv_cache")
+    with pytest.raises(ValueError, match="train.learner.prefix_impl must be one of"):
+        hidden_states(_model("sdpa"), ids, mask, keys, "paged")
