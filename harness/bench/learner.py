@@ -95,20 +95,25 @@ def _side_config(cfg: RunConfig, learner: dict) -> RunConfig:
     return validate_run_config(d, "bench learner")
 
 
-def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -> dict:
-    """The sides on one rollout batch of `cfg` (module docstring): one warm-up update of the plain side,
-    then `repeats` rounds of every side in turn."""
+def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, baseline: str = "plain") -> dict:
+    """The sides on one rollout batch of `cfg` (module docstring): one warm-up update of the `baseline`
+    side, then `repeats` rounds of every side in turn; ratios against `baseline`. `baseline` is `plain` (the
+    default path, always run then) or one of `sides`: where plain costs minutes an update (TextWorld), two
+    fast paths can be compared without it."""
     from harness.rl.trainer import Trainer
 
-    cfgs, refused = {"plain": _side_config(cfg, {})}, {}
+    cfgs, refused = ({"plain": _side_config(cfg, {})} if baseline == "plain" else {}), {}
     for side, learner in (sides or SIDES).items():
         try:
             cfgs[side] = _side_config(cfg, learner)
         except ConfigError as e:  # a path this config cannot take (e.g. the shortcut with two epochs)
             refused[side] = str(e)
+    if baseline not in cfgs:
+        why = f" (refused: {refused[baseline]})" if baseline in refused else ""
+        raise ValueError(f"bench learner: the baseline side {baseline!r} is not among the sides run{why}")
     with tempfile.TemporaryDirectory() as tmp:
         # built from a side that reads the sampler's entropies, so its rollout records them for every side
-        recording = next((c for c in cfgs.values() if c.train.learner.behaviour != "recompute"), cfgs["plain"])
+        recording = next((c for c in cfgs.values() if c.train.learner.behaviour != "recompute"), cfgs[baseline])
         trainer = Trainer(recording, Path(tmp), NullLogger())
         try:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -121,7 +126,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
             policy = trainer.policy
             start = [p.detach().clone() for p in _params(policy)]
             plans = {k: DEFAULT_PLAN if k == "plain" else make_plan(c, 1, batch) for k, c in cfgs.items()}
-            _timed(policy, cfgs["plain"], batch, DEFAULT_PLAN, start)  # warms kernels and the allocator
+            _timed(policy, cfgs[baseline], batch, plans[baseline], start)  # warms kernels and the allocator
             runs: dict[str, list[dict]] = {side: [] for side in plans}
             for _ in range(repeats):
                 for side, plan in plans.items():
@@ -134,6 +139,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
         "threads": torch.get_num_threads(),
         "load_average": load_average(),
         "repeats": repeats,
+        "baseline": baseline,
         "rollout_s": rollout_s,
         "rollout_cpu_s": rollout_cpu_s,
         "train_tokens": int(batch.attention_mask.sum()),
@@ -154,14 +160,15 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None) -
         # the dtypes' matmul rate at this thread count (GFLOP per CPU-second): the compute floor of each side
         "matmul_gflops": {str(d).removeprefix("torch."): matmul_gflops(1024, d, 3, time.process_time) for d in DTYPES},
     }
-    for side, rows in runs.items():
+    for side in sorted(runs, key=lambda k: k != baseline):  # the baseline first: the others' ratios read it
+        rows = runs[side]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")}
         med["learner_share"] = med["update_s"] / (med["update_s"] + rollout_s)
         med["train_tokens_per_s"] = out["train_tokens"] / med["update_s"]
         med["update_s_per_repeat"] = [r["update_s"] for r in rows]
         med["loss_total"], med["grad_norm"] = rows[-1]["loss_total"], rows[-1]["grad_norm"]
-        if side != "plain":
+        if side != baseline:
             for k in ("update_s", "update_cpu_s", "passes_cpu_s"):
-                med[f"{k}_ratio"] = med[k] / out["plain"][k]
+                med[f"{k}_ratio"] = med[k] / out[baseline][k]
         out[side] = med
     return out

@@ -118,3 +118,20 @@ def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
         assert math.isclose(row["loss_total"], plain["loss_total"], rel_tol=tol, abs_tol=1e-6 if tol < 1e-3 else 1e-3)
         assert math.isclose(row["grad_norm"], plain["grad_norm"], rel_tol=tol)
     assert out["sampler"]["passes_cpu_s"] < plain["passes_cpu_s"]  # the behaviour pass is gone, the reference stays
+
+
+def test_learner_bench_compares_two_fast_paths_without_the_plain_one():
+    """`baseline=`: where the plain path costs minutes an update (TextWorld), two sides are timed against each
+    other and plain is not run; a baseline that is not among the sides is an error naming it."""
+    from harness.bench.learner import SIDES, bench_learner
+
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 4}, turns={"max": 3})
+    sides = {k: SIDES[k] for k in ("shared_prefix", "shared_prefix_kv")}
+    out = bench_learner(cfg, repeats=1, sides=sides, baseline="shared_prefix")
+    assert out["baseline"] == "shared_prefix" and "plain" not in out and set(out["plans"]) == set(sides)
+    assert "update_s_ratio" not in out["shared_prefix"]
+    kv = out["shared_prefix_kv"]
+    assert math.isclose(kv["update_s_ratio"], kv["update_s"] / out["shared_prefix"]["update_s"])
+    assert math.isclose(kv["loss_total"], out["shared_prefix"]["loss_total"], rel_tol=1e-4, abs_tol=1e-6)
+    with pytest.raises(ValueError, match="'bf16'"):
+        bench_learner(cfg, repeats=1, sides=sides, baseline="bf16")
