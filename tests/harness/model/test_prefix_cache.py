@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from harness.model import logprobs
 from harness.model.base import peft_reads_deprecated_attributes
 from harness.model.logprobs import common_prefix, hidden_states, token_logprobs
+from tests.helpers.rollout import tiny_model
 
 VOCAB = 300
 # float32: the three paths multiply the same numbers in other groupings (other matrix shapes, a softmax over
@@ -26,21 +26,11 @@ BF16_TOL = 0.1
 
 
 def _model(attn: str):
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        attn_implementation=attn,
-    )
+    base = tiny_model(VOCAB, attn=attn, seed=0)  # the rollout tests' shape
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"])
     lora.init_lora_weights = False  # B random too: every LoRA matrix gets a gradient
     with peft_reads_deprecated_attributes():
-        return get_peft_model(Qwen2ForCausalLM(cfg), lora).train()
+        return get_peft_model(base, lora).train()
 
 
 # (key, prefix length P, row lengths): several clusters of different prefix lengths, rows of different
