@@ -26,7 +26,10 @@ from analysis.load import AnalysisError
 from harness.store import FINISHED
 
 QUESTIONS = "_questions.yaml"
+SUPERSEDED = "_superseded.yaml"
 QUESTION_CHARS = 140
+# what must agree between a sweep and the one that replaces it: the same question, asked of the same arms
+SAME_QUESTION = ("base", "baseline", "metric")
 
 
 def questions(notes_dir: Path) -> dict[str, str]:
@@ -41,6 +44,58 @@ def questions(notes_dir: Path) -> dict[str, str]:
     if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
         raise AnalysisError(f"{path}: expected a mapping of sweep name -> question (text), e.g. clipping: Does ...?")
     return {str(k): " ".join(v.split()) for k, v in raw.items()}
+
+
+def superseded(notes_dir: Path, files: dict[str, Path]) -> dict[str, str]:
+    """{old sweep: the sweep that replaces it} from `<notes>/_superseded.yaml`. A sweep is replaced only
+    by one that asks its question again (the same base config, baseline, metric, and every point of the
+    old file, label and settings, also a point of the new one), e.g. a fixed-seed sweep re-run under a
+    seed budget; anything else is an error naming the file, the key and what differs. `files`: {sweep
+    name: its file}."""
+    path = notes_dir / SUPERSEDED
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise AnalysisError(f"{path}: not valid YAML ({e}).") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise AnalysisError(
+            f"{path}: expected a mapping of sweep -> the sweep that replaces it, e.g. clipping: clipping_sequential"
+        )
+    out = {}
+    for old, new in raw.items():
+        old = str(old)
+        for name in (old, new):
+            if name not in files:
+                raise AnalysisError(f"{path}: {name!r} is not a sweep file; allowed: {', '.join(sorted(files))}.")
+        if old == new or new in raw:
+            raise AnalysisError(f"{path}: {old}: {new}: a sweep is replaced by another that is not itself replaced.")
+        a, b = (yaml.safe_load(files[n].read_text(encoding="utf-8")) for n in (old, new))
+        for key in SAME_QUESTION:
+            if a.get(key) != b.get(key):
+                raise AnalysisError(
+                    f"{path}: {old}: {new}: their {key} differs ({a.get(key)!r} vs {b.get(key)!r}); only a sweep "
+                    "asking the same question of the same arms replaces another."
+                )
+        points_b = b.get("points") or []
+        missing = [p.get("label") for p in a.get("points") or [] if p not in points_b]
+        if missing:
+            raise AnalysisError(
+                f"{path}: {old}: {new}: point(s) {', '.join(map(str, missing))} of {old} are not points of {new} "
+                "with the same settings; only a sweep asking the same question of the same arms replaces another."
+            )
+        out[old] = new
+    return out
+
+
+def superseded_line(old: str, new: str) -> str:
+    """The sentence under the findings on a sweep whose rows are shown but not counted."""
+    return (
+        f"The rows of [{old}](#{old}) are shown as they ran but are not verdicts of this page, nor in its "
+        f"page-wide correction: [{new}](#{new}) asks the same question of the same arms from the same base "
+        f"config under a seed budget and replaces them ({SUPERSEDED})."
+    )
 
 
 def question_of(name: str, description: str, asked: dict[str, str]) -> str:
@@ -108,6 +163,7 @@ class Row:
     cells: list[str]
     contrast: Contrast | None = None
     cell: str | None = None
+    replaced_by: str | None = None  # the sweep that replaces this one (`superseded`): a row shown, not counted
 
 
 def _bold(verdict: str) -> str:
@@ -163,7 +219,13 @@ def markdown(table_rows: list[Row]) -> list[str]:
     """The findings table (the contrasts already corrected: analysis.family.correct)."""
     esc = lambda s: s.replace("|", r"\|")  # noqa: E731
     head = [HEAD, "| :-- | :-- | :-- | --: | :-- | --: | --: | :-- |"]
-    return head + ["| " + " | ".join(esc(c) for c in r.cells + page_cells(r.contrast)) + " |" for r in table_rows]
+    return head + ["| " + " | ".join(esc(c) for c in r.cells + _page(r)) + " |" for r in table_rows]
+
+
+def _page(r: Row) -> list[str]:
+    if r.replaced_by:
+        return ["—", "—", f"replaced by [{r.replaced_by}](#{r.replaced_by})"]
+    return page_cells(r.contrast)
 
 
 def baseline_runs(results: pd.DataFrame) -> frozenset[str]:

@@ -21,7 +21,9 @@ regenerated one sweep at a time without losing the others. The same holds for a 
 when its Optuna storage is absent, and for a kept sweep's place in the sentences on shared baseline
 runs (each section with results carries its baseline run's config hashes in a hidden line) and for its
 contrasts in the page-wide correction (another hidden line holds their exact intervals).
-The A/A sweep (analysis.calibration.SWEEP) gets its calibration under its table, and the findings
+A sweep that docs/results_notes/_superseded.yaml names as replaced by another asking the same question
+of the same arms (analysis.findings.superseded) keeps its section and findings rows, marked, outside the
+page-wide family. The A/A sweep (analysis.calibration.SWEEP) gets its calibration under its table, and the findings
 quote its measured false-verdict rate (from that section, kept with it when the sweep is absent).
 Paths are shown relative to the working directory (a results root elsewhere by its own name), so no
 page names a folder of the machine that built it.
@@ -302,12 +304,41 @@ def _section(sf: SweepFile, root: Path, out: Path, figures: Path, kept: dict) ->
     return sec
 
 
-def _rows(sections: list[Section], asked: dict[str, str]) -> list[findings.Row]:
-    """The findings rows of every sweep, in page order, with their contrasts (not yet corrected)."""
+def _has_rows(sec: Section | None) -> bool:
+    return sec is not None and bool(sec.kept_rows or (sec.table is not None and sec.table.findings))
+
+
+REPLACED = (
+    "_Replaced by [{new}](#{new}), which asks the same question of the same arms under a seed budget: the "
+    "contrasts below are shown in the findings table but are not counted nor corrected._"
+)
+
+
+def replaced_sections(sections: list[Section], replaced: dict[str, str]) -> dict[str, str]:
+    """{old: new} for the replaced sweeps (findings.superseded) whose replacement has contrasts on this
+    page: their rows leave the findings table and the page-wide family, and their section says so under
+    its heading. While the new sweep has no contrast yet, the old rows stay."""
+    by_name = {s.sf.name: s for s in sections}
+    out = {}
+    for old, new in replaced.items():
+        if _has_rows(by_name.get(new)) and old in by_name:
+            out[old] = new
+            lines = by_name[old].lines
+            lines[2:2] = [REPLACED.format(new=new), ""]
+    return out
+
+
+def _rows(sections: list[Section], asked: dict[str, str], replaced: dict[str, str]) -> list[findings.Row]:
+    """The findings rows of every sweep, in page order, with their contrasts (not yet corrected); a
+    replaced sweep's rows (`replaced_sections`) are shown without a contrast, so outside the family."""
     rows: list[findings.Row] = []
     for sec in sections:
         name = sec.sf.name
         if sec.sf.study:
+            continue
+        if name in replaced:
+            mine = _rows([sec], asked, {})
+            rows += [findings.Row(r.sweep, r.cells, None, r.cell, replaced_by=replaced[name]) for r in mine]
             continue
         if sec.kept_rows:
             margin = sec.sf.margin if sec.sf.margin is not None else margin_of({}, name)
@@ -342,7 +373,11 @@ def _changed(rows: list[findings.Row]) -> str:
 
 
 def _findings(
-    sections: list[Section], rows: list[findings.Row], k: int, previous: list[tuple[str, list[str]]]
+    sections: list[Section],
+    rows: list[findings.Row],
+    k: int,
+    previous: list[tuple[str, list[str]]],
+    replaced: dict[str, str],
 ) -> list[str]:
     lines = ["## Findings", "", FINDINGS.format(k=k, changed=_changed(rows)), ""]
     shared = findings.shared_baselines({s.sf.name: s.baseline_run for s in sections})
@@ -352,7 +387,8 @@ def _findings(
     blind = {s.sf.name for s in sections if s.kept and not s.baseline_run and not s.sf.study}
     shared += [line for line, names in previous if set(names) <= blind]
     calibrated = [line for s in sections for line in s.lines if line.startswith(FINDING_PREFIX)]
-    tail = ([""] + shared if shared else []) + ([""] + calibrated if calibrated else [])
+    left_out = [findings.superseded_line(o, n) for o, n in replaced.items()]
+    tail = [part for group in (left_out, shared, calibrated) if group for part in ["", *group]]
     return lines + findings.markdown(rows) + tail + [""]
 
 
@@ -387,11 +423,12 @@ def write_results_doc(
     sections = [_section(sf, root, out, figures, kept) for sf in files]
     names = dict(root=shown(root), out=shown(out), notes=shown(notes), intro=INTRO, limits=LIMITS)
     by_name = {s.sf.name: s for s in sections}
-    rows = _rows(sections, asked)
+    replaced = replaced_sections(sections, findings.superseded(notes, {sf.name: sf.path for sf in files}))
+    rows = _rows(sections, asked, replaced)
     moved_rows = transfer.computed(moved, by_name, kept_transfer, rows) if moved is not None else []
     contrasts = [r.contrast for r in rows if r.contrast] + [c.contrast for c in moved_rows if c.contrast]
     family.correct(contrasts)  # one family for the page: every published contrast's tests
-    found = _findings(sections, rows, family.family_size(contrasts), previous_shared(before))
+    found = _findings(sections, rows, family.family_size(contrasts), previous_shared(before), replaced)
     lines = [HEADER.format(**names, questions=findings.QUESTIONS), *found]
     front = [(title, notes / f) for title, f in (("Limits of the tiny-model regime", LIMITS), ("Setup", INTRO))]
     front = [(t, p) for t, p in front if p.is_file()]

@@ -185,3 +185,58 @@ def test_a_sweep_not_in_the_root_keeps_its_section_and_findings_until_it_is_re_r
     dropped = out.read_text()
     assert "Not run yet: `harness sweep sweeps/other.yaml`" in section(dropped, "other")
     assert rows(dropped, "other") == ["| [other](#other) | The other sweep | not run yet | — | — | — | — | — |"]
+
+
+def test_a_replaced_sweep_keeps_its_rows_on_the_page_but_out_of_the_count_and_the_family(tmp_path):
+    """docs/results_notes/_superseded.yaml: a sweep re-run as another asking the same question of the
+    same arms shows its rows marked 'replaced by', outside the page-wide Holm family; the replacement
+    must share base, baseline, metric and points, else one error naming the file and what differs."""
+    import json
+    import shutil
+
+    root, part, sweeps, docs = tmp_path / "results", tmp_path / "part", tmp_path / "sweeps", tmp_path / "docs"
+    make_task_sweep(root / "filters")
+    shutil.copytree(root / "filters", root / "again")
+    manifest = json.loads((root / "again" / "sweep.json").read_text())
+    manifest.update(name="again", source="sweeps/again.yaml", command="harness sweep sweeps/again.yaml")
+    (root / "again" / "sweep.json").write_text(json.dumps(manifest))
+    sweeps.mkdir()
+    body = "points: [{label: none, filter.name: none}, {label: dapo, filter.name: dapo}]\nbaseline: none\n"
+    (sweeps / "filters.yaml").write_text("name: filters\ndescription: Fixed seeds.\n" + body)
+    (sweeps / "again.yaml").write_text("name: again\ndescription: A seed budget.\n" + body)
+    notes = docs / "results_notes"
+    notes.mkdir(parents=True)
+    out = docs / "results.md"
+
+    def k_of(text):  # the size of the page-wide family
+        return int(re.search(r"Holm at family-wise error 0.05 across the (\d+) tests", text)[1])
+
+    def rows(text, name):
+        return [line for line in text.splitlines() if line.startswith(f"| [{name}](#{name}) |")]
+
+    assert cli("results-doc", root, "--out", out, "--sweeps", sweeps, "--no-keep").exit_code == 0
+    plain = out.read_text()
+    (notes / "_superseded.yaml").write_text("filters: again\n")
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps, "--no-keep")
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    n = len(rows(text, "filters"))
+    five = lambda lines: [line.split(" | ")[:5] for line in lines]  # noqa: E731
+    assert n >= 1 and five(rows(text, "again")) == five(rows(plain, "again"))  # its Holm p shrink with the family
+    assert all(line.endswith("| — | — | replaced by [again](#again) |") for line in rows(text, "filters"))
+    assert five(rows(text, "filters")) == five(rows(plain, "filters"))  # only the page-level cells change
+    assert k_of(text) == k_of(plain) - 2 * n  # each row's difference and equivalence tests leave the family
+    assert "The rows of [filters](#filters) are shown as they ran but are not verdicts" in text
+    assert "_Replaced by [again](#again)" in text.split("\n## filters\n")[1].split("\n## ")[0]
+    shutil.copytree(root / "again", part / "again")  # filters' folder absent: its section and rows are kept
+    assert cli("results-doc", part, "--out", out, "--sweeps", sweeps).exit_code == 0
+    kept = out.read_text()
+    assert rows(kept, "filters") == rows(text, "filters") and k_of(kept) == k_of(text)
+    assert kept.count("_Replaced by [again]") == 1  # not stacked on the kept section
+    (sweeps / "again.yaml").write_text("name: again\n" + body.replace("baseline: none", "baseline: dapo"))
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "_superseded.yaml: filters: again: their baseline differs ('none' vs 'dapo')" in " ".join(r.output.split())
+    (sweeps / "again.yaml").write_text("name: again\n" + body.replace(", {label: dapo, filter.name: dapo}", ""))
+    r = cli("results-doc", root, "--out", out, "--sweeps", sweeps)
+    assert r.exit_code == 2 and "point(s) dapo of filters are not points of again" in " ".join(r.output.split())
