@@ -148,8 +148,9 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, b
             k: {
                 "behaviour": p.behaviour,
                 "reference": p.reference,
-                "shared_prefix": p.shared_prefix,
-                "prefix_impl": p.prefix_impl,
+                # the two config keys as they read (prefix_impl packed where no prefix is shared)
+                "shared_prefix": p.prefix is not None,
+                "prefix_impl": p.prefix or "packed",
                 "precision": p.precision,
                 "needed_positions": p.needed_positions,
             }

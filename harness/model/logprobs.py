@@ -64,14 +64,13 @@ def hidden_states(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    prefix_keys: torch.Tensor | None = None,
-    prefix_impl: str = "packed",
+    prefix: tuple[torch.Tensor, str] | None = None,
 ) -> torch.Tensor:
     """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head.
-    prefix_keys (B,): rows with the same key run their common prefix once (`shared_prefix_hidden_states`,
-    by `prefix_impl`, a key of `PREFIX_IMPLS`)."""
-    if prefix_keys is not None:
-        return shared_prefix_hidden_states(model, input_ids, attention_mask, prefix_keys, prefix_impl)
+    prefix (keys (B,), impl), optional: rows with the same key run their common prefix once, computed as
+    `impl` (a key of `PREFIX_IMPLS`) says (`shared_prefix_hidden_states`); None: every row in full."""
+    if prefix is not None:
+        return shared_prefix_hidden_states(model, input_ids, attention_mask, *prefix)
     decoder, _ = backbone_and_head(model)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=False
@@ -107,7 +106,7 @@ def shared_prefix_hidden_states(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     prefix_keys: torch.Tensor,
-    impl: str = "packed",
+    impl: str,
 ) -> torch.Tensor:
     """`hidden_states` with the common prefix of rows that share a key computed once (docs/trainer.md#shared-prefix).
 
@@ -321,8 +320,7 @@ def token_logprobs(
     with_entropy: bool = False,
     token_mask: torch.Tensor | None = None,
     allowed: torch.Tensor | None = None,
-    prefix_keys: torch.Tensor | None = None,
-    prefix_impl: str = "packed",
+    prefix: tuple[torch.Tensor, str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids` under `model`, memory-bounded, differentiable.
 
@@ -332,10 +330,10 @@ def token_logprobs(
     `token_mask` (B, T), optional: compute only where it is 1 (e.g. action tokens); others are 0.
     `allowed` (B, T, K), optional: token ids position t could be drawn from (constrained decoding;
     -1 padding, all -1 = unconstrained); log-softmax and entropy are then over that set.
-    `prefix_keys` (B,), optional: rows with the same key run their common prefix once (`hidden_states`), as
-    `prefix_impl` says (a key of `PREFIX_IMPLS`).
+    `prefix` (keys (B,), impl), optional: rows with the same key run their common prefix once, as `impl`
+    says (`hidden_states`).
     """
-    hidden = hidden_states(model, input_ids, attention_mask, prefix_keys, prefix_impl)  # (B, T, H)
+    hidden = hidden_states(model, input_ids, attention_mask, prefix)  # (B, T, H)
     return logprobs_from_hidden(
         model,
         hidden,

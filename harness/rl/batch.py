@@ -71,6 +71,13 @@ def prefix_keys(batch: TrainBatch) -> torch.Tensor:
     return batch.group[batch.traj_id.max(1).values]
 
 
+def model_prefix(batch: TrainBatch, prefix: str | None) -> tuple[torch.Tensor, str] | None:
+    """The model's `prefix` argument (harness.model.logprobs.hidden_states) for the rows of `batch`: their
+    `prefix_keys` (B,) and `prefix`, the update plan's implementation (train.learner.prefix_impl), or None
+    where the plan shares no prefix (train.learner.shared_prefix false)."""
+    return None if prefix is None else (prefix_keys(batch), prefix)
+
+
 def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | None = None):
     """The rows' units for a shared-prefix pass: `units` (lists of positions into `rows`; default each row
     its own) merged by group, and each merged unit's packed length (its rows' common prefix once plus

@@ -21,7 +21,7 @@ from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
-from harness.rl.batch import TrainBatch, pack_units, prefix_keys, prefix_units, row_groups
+from harness.rl.batch import TrainBatch, model_prefix, pack_units, prefix_units, row_groups
 from harness.rl.losses import head_positions, on_device, policy_forward
 from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
@@ -40,11 +40,11 @@ class Forward:
     entropy_constrained: torch.Tensor | None = None
 
 
-def forward_slices(batch: TrainBatch, size: int, tokens: int, shared_prefix: bool = False) -> list[torch.Tensor]:
+def forward_slices(batch: TrainBatch, size: int, tokens: int, prefix: str | None = None) -> list[torch.Tensor]:
     """Row groups of a no-gradient pass: `size` rows in order, or packed by length under a token budget
     (algo.micro_batch_tokens; rows are independent here, so each row is its own unit). With a shared
-    prefix, whole groups packed by their packed length (`prefix_units`)."""
-    if shared_prefix:
+    prefix (`prefix` not None, the update plan's), whole groups packed by their packed length (`prefix_units`)."""
+    if prefix is not None:
         units, lengths = prefix_units(batch, list(range(batch.num_rows)))
         return [torch.tensor(sorted(g)) for g in pack_units(units, lengths, size, tokens)]
     lengths = [int(x) for x in batch.attention_mask.sum(1).tolist()]
@@ -55,9 +55,8 @@ def _reference_logp(
     policy,
     mb: TrainBatch,
     temperature: float,
-    shared_prefix: bool = False,
+    prefix: str | None = None,
     need: torch.Tensor | None = None,
-    prefix_impl: str = "packed",
 ) -> torch.Tensor:
     with policy.reference() as ref_model:
         dev = next(ref_model.parameters()).device
@@ -67,9 +66,8 @@ def _reference_logp(
             on_device(mb.attention_mask, dev),
             temperature=temperature,
             allowed=on_device(mb.allowed, dev),
-            prefix_keys=prefix_keys(mb) if shared_prefix else None,
+            prefix=model_prefix(mb, prefix),
             token_mask=on_device(need, dev),
-            prefix_impl=prefix_impl,
         )
     return rlp.to(mb.input_ids.device)
 
@@ -79,19 +77,16 @@ def _constrained_forward(
     mb: TrainBatch,
     temperature: float,
     with_values: bool,
-    shared_prefix: bool,
+    prefix: str | None,
     need: torch.Tensor,
-    prefix_impl: str = "packed",
 ):
     """Under constrained decoding: log-probs and entropy of the constrained policy, the
     full-vocabulary entropy and the values (or None), from ONE backbone pass. The two heads read
     the same hidden states, so this computes exactly what two separate passes computed, without
-    running the backbone twice."""
+    running the backbone twice. `prefix`: the update plan's shared prefix (`policy_forward`)."""
     home, dev = mb.input_ids.device, next(policy.model.parameters()).device
     ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
-    hidden = hidden_states(
-        policy.model, ids, attn, prefix_keys(mb) if shared_prefix else None, prefix_impl
-    )  # (B, T, H)
+    hidden = hidden_states(policy.model, ids, attn, model_prefix(mb, prefix))  # (B, T, H)
     need = on_device(need, dev)
     lp, ent_c = logprobs_from_hidden(
         policy.model, hidden, ids, attn, temperature=temperature, with_entropy=True, allowed=allowed, token_mask=need
@@ -116,8 +111,7 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
     parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "val": [], "ent": [], "ent_c": []}
     T = batch.input_ids.shape[1]
     temperature = cfg.rollout.temperature
-    share = plan.shared_prefix
-    slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, share)
+    slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, plan.prefix)
     for idx in slices:
         mb = batch.rows(idx)
         pad = (0, T - mb.input_ids.shape[1])
@@ -126,20 +120,18 @@ def behaviour_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePla
         if mb.allowed is None:
             lp, ent, v = policy_forward(
                 policy,
-                mb.input_ids,
-                mb.attention_mask,
+                mb,
                 temperature=temperature,
                 with_entropy=True,
                 with_values=cfg.algo.critic.enabled,
-                prefix=prefix_keys(mb) if share else None,
+                prefix=plan.prefix,
                 token_mask=need,
-                prefix_impl=plan.prefix_impl,
             )
         else:  # the constrained policy's entropy and the full-vocabulary one, from one backbone pass
             lp, ent_c, ent, v = _constrained_forward(
-                policy, mb, temperature, cfg.algo.critic.enabled, share, need, plan.prefix_impl
+                policy, mb, temperature, cfg.algo.critic.enabled, plan.prefix, need
             )
-        ref = _reference_logp(policy, mb, temperature, share, need, plan.prefix_impl) if plan.reference else None
+        ref = _reference_logp(policy, mb, temperature, plan.prefix, need) if plan.reference else None
         for key, x in (("old", lp), ("ref", ref), ("val", v), ("ent", ent), ("ent_c", ent_c)):
             if x is not None:
                 parts[key].append(torch.nn.functional.pad(x, pad))
@@ -163,8 +155,7 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
         was_training = policy.model.training
         policy.model.eval()
         T = batch.input_ids.shape[1]
-        share = plan.shared_prefix
-        slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, share)
+        slices = forward_slices(batch, cfg.algo.micro_batch_size, cfg.algo.micro_batch_tokens, plan.prefix)
         refs = []
         for idx in slices:
             mb = batch.rows(idx)
@@ -173,9 +164,8 @@ def _sampler_forward(policy, batch: TrainBatch, cfg: RunConfig, plan: UpdatePlan
                     policy,
                     mb,
                     cfg.rollout.temperature,
-                    share,
+                    plan.prefix,
                     head_positions(mb, cfg, plan.needed_positions),
-                    plan.prefix_impl,
                 )
             )
         parts = [torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in refs]

@@ -19,7 +19,7 @@ from algorithms.types import AggParams
 from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
-from harness.rl.batch import TrainBatch, prefix_keys
+from harness.rl.batch import TrainBatch, model_prefix
 
 
 @dataclass
@@ -58,29 +58,27 @@ def head_positions(mb: TrainBatch, cfg: RunConfig, needed: bool) -> torch.Tensor
 
 def policy_forward(
     policy,
-    input_ids,
-    attention_mask,
+    mb: TrainBatch,
     *,
     temperature: float,
     with_entropy: bool,
     with_values: bool,
-    allowed: torch.Tensor | None = None,
-    prefix: torch.Tensor | None = None,
+    prefix: str | None = None,
     token_mask: torch.Tensor | None = None,
-    prefix_impl: str = "packed",
 ):
-    """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None, from ONE backbone
-    pass (the critic shares the policy's backbone). `allowed` (B,T,K): constrained decoding's
-    admissible ids per token; log-probs and entropy are then those of the constrained policy.
+    """Log-probs (B,T), entropy (B,T) or None, and critic values (B,T) or None of the rows of `mb`, from
+    ONE backbone pass (the critic shares the policy's backbone). Under constrained decoding (`mb.allowed`,
+    (B,T,K) admissible ids per token) log-probs and entropy are those of the constrained policy.
 
     The batch lives on the CPU; only this pass runs on the model's device (GPU), and its (B, T)
-    outputs come back to the batch's device, gradients flowing through the copies. `prefix` (B,): rows
-    with the same key run their common prefix once (train.learner.shared_prefix, computed as `prefix_impl`
-    says: train.learner.prefix_impl). `token_mask` (B, T):
+    outputs come back to the batch's device, gradients flowing through the copies. `prefix`: the update
+    plan's shared prefix (harness.rl.plan): each group's common prefix runs once, computed as it names
+    (train.learner.prefix_impl); None: no sharing. `token_mask` (B, T):
     the positions whose log-probs and entropies are computed (`head_positions`); 0 elsewhere."""
-    home, dev = input_ids.device, next(policy.model.parameters()).device
-    ids, attn, allowed = on_device(input_ids, dev), on_device(attention_mask, dev), on_device(allowed, dev)
+    home, dev = mb.input_ids.device, next(policy.model.parameters()).device
+    ids, attn, allowed = on_device(mb.input_ids, dev), on_device(mb.attention_mask, dev), on_device(mb.allowed, dev)
     token_mask = on_device(token_mask, dev)
+    shared = model_prefix(mb, prefix)
     if not with_values:
         lp, ent = token_logprobs(
             policy.model,
@@ -89,12 +87,11 @@ def policy_forward(
             temperature=temperature,
             with_entropy=with_entropy,
             allowed=allowed,
-            prefix_keys=prefix,
+            prefix=shared,
             token_mask=token_mask,
-            prefix_impl=prefix_impl,
         )
         return on_device(lp, home), on_device(ent, home), None
-    hidden = hidden_states(policy.model, ids, attn, prefix, prefix_impl)  # (B, T, H)
+    hidden = hidden_states(policy.model, ids, attn, shared)  # (B, T, H)
     lp, ent = logprobs_from_hidden(
         policy.model,
         hidden,
@@ -138,9 +135,8 @@ def loss_terms(
     denominators: Denominators,
     policy_mask: torch.Tensor | None = None,
     is_weight: torch.Tensor | None = None,
-    shared_prefix: bool = False,
+    prefix: str | None = None,
     needed_positions: bool = False,
-    prefix_impl: str = "packed",
 ) -> MicroLoss:
     """Loss of one micro-batch (already scaled for accumulation) and its per-token stats.
 
@@ -148,7 +144,7 @@ def loss_terms(
     (the SAMPO sequence mask, docs/algorithms.md#sampo; rejections of `algo.correction`, docs/algorithms.md#off-policy).
     As in ARLArena and verl, the dropped tokens leave the policy loss and its denominator, while the KL
     and entropy terms keep every token. `is_weight` (B, T): the correction's detached weight on each
-    token's policy loss, applied before aggregation (None = 1). `shared_prefix`, `needed_positions`, `prefix_impl`: the
+    token's policy loss, applied before aggregation (None = 1). `prefix`, `needed_positions`: the
     update plan's (harness.rl.plan). `old_logp` None: the micro-batch is on-policy
     (train.learner.behaviour: first_forward) and its behaviour log-probs are this forward's own, detached;
     they are returned in `MicroLoss.old_logp`."""
@@ -156,15 +152,12 @@ def loss_terms(
     agg = AGGREGATION.get(a.agg)
     logp, ent, values = policy_forward(
         policy,
-        mb.input_ids,
-        mb.attention_mask,
+        mb,
         temperature=cfg.rollout.temperature,
         with_entropy=a.entropy_coef > 0,
         with_values=a.critic.enabled,
-        allowed=mb.allowed,
-        prefix=prefix_keys(mb) if shared_prefix else None,
+        prefix=prefix,
         token_mask=head_positions(mb, cfg, needed_positions),
-        prefix_impl=prefix_impl,
     )
     taken = old_logp is None
     if taken:  # verl's on-policy shortcut: the ratio is 1, its gradient that of the log-prob

@@ -18,6 +18,8 @@ values. The plan says which of them run and where the behaviour log-probs come f
                group's common prefix once (harness.model.logprobs.shared_prefix_hidden_states), its
                micro-batches made of whole groups (harness.rl.batch.prefix_units); train.learner.prefix_impl
                says how: one packed sequence per group, or the prefix's key-value cache under each row's rest.
+               The plan holds the two as one value, `UpdatePlan.prefix`: the implementation's name, None
+               where no prefix is shared; the learner's functions take it as their `prefix` argument.
 
     positions  train.learner.logprob_positions: needed runs the lm_head only where the update reads a log-prob.
     precision  train.learner.precision: bfloat16 runs those passes and the training forward under autocast
@@ -43,11 +45,12 @@ from harness.rl.batch import TrainBatch
 class UpdatePlan:
     behaviour: str  # "recompute", "sampler" or "first_forward"
     reference: bool  # whether the reference log-probs are computed in this update
-    shared_prefix: bool = False  # each group's common prefix runs once per pass (train.learner.shared_prefix)
+    # each group's common prefix runs once per pass, computed as this names ("packed" or "kv_cache",
+    # train.learner.prefix_impl); None: no shared prefix (train.learner.shared_prefix false)
+    prefix: str | None = None
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
     precision: str = "float32"  # compute dtype of the learner's passes (train.learner.precision)
     needed_positions: bool = False  # log-probs only where the update reads them (train.learner.logprob_positions)
-    prefix_impl: str = "packed"  # how the shared prefix is computed (train.learner.prefix_impl)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         if not self.logged:
@@ -56,12 +59,12 @@ class UpdatePlan:
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
             "plan/behaviour_first_forward": torch.tensor(float(self.behaviour == "first_forward")),
             "plan/reference": torch.tensor(float(self.reference)),
-            "plan/shared_prefix": torch.tensor(float(self.shared_prefix)),
+            "plan/shared_prefix": torch.tensor(float(self.prefix is not None)),
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
             "plan/needed_positions": torch.tensor(float(self.needed_positions)),
         }
-        if self.prefix_impl != "packed":  # only runs that set it: the others keep their metrics byte for byte
-            out["plan/prefix_kv_cache"] = torch.tensor(float(self.prefix_impl == "kv_cache"))
+        if self.prefix not in (None, "packed"):  # only runs that set it: the others keep their metrics byte for byte
+            out["plan/prefix_kv_cache"] = torch.tensor(float(self.prefix == "kv_cache"))
         return out
 
     def compute(self, device: torch.device | str) -> AbstractContextManager:
@@ -109,9 +112,8 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
     return UpdatePlan(
         behaviour=ln.behaviour if recorded else "recompute",
         reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
-        shared_prefix=ln.shared_prefix,
+        prefix=ln.prefix_impl if ln.shared_prefix else None,
         logged=not ln.is_default,
         precision=ln.precision,
         needed_positions=ln.logprob_positions == "needed",
-        prefix_impl=ln.prefix_impl,
     )

@@ -24,7 +24,7 @@ from algorithms.types import AggParams
 from algorithms.utils import masked_mean
 from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
-from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_keys, prefix_units
+from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_units
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
 from harness.rl.losses import Denominators, head_positions, loss_terms, policy_forward
@@ -63,17 +63,17 @@ def _minibatches(batch: TrainBatch, n: int, generator: torch.Generator) -> list[
 
 
 def _micro_batches(
-    batch: TrainBatch, rows: torch.Tensor, size: int, tokens: int = 0, shared_prefix: bool = False
+    batch: TrainBatch, rows: torch.Tensor, size: int, tokens: int = 0, prefix: str | None = None
 ) -> list[torch.Tensor]:
     """Split `rows` into micro-batches of at most `size` rows, never splitting a trajectory
     (a trajectory longer than `size` rows gets a micro-batch of its own). With a token budget
     (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead. With a
-    shared prefix (train.learner.shared_prefix), whole groups, each costing its packed length."""
+    shared prefix (`prefix` not None, the update plan's), whole groups, each costing its packed length."""
     traj = _row_traj(batch)[rows]
     trajs: dict[int, list[int]] = {}  # positions in `rows` of each trajectory, whole units below
     for k, t in enumerate(traj.tolist()):
         trajs.setdefault(t, []).append(k)
-    if shared_prefix:
+    if prefix is not None:
         units, lengths = prefix_units(batch, rows.tolist(), list(trajs.values()))
         return [rows[torch.tensor(sorted(p))] for p in pack_units(units, lengths, size, tokens)]
     if tokens > 0:
@@ -146,15 +146,12 @@ def _policy_masks(
         T = mb.input_ids.shape[1]
         logp, _, _ = policy_forward(
             policy,
-            mb.input_ids,
-            mb.attention_mask,
+            mb,
             temperature=cfg.rollout.temperature,
             with_entropy=False,
             with_values=False,
-            allowed=mb.allowed,
-            prefix=prefix_keys(mb) if plan.shared_prefix else None,
+            prefix=plan.prefix,
             token_mask=head_positions(mb, cfg, plan.needed_positions),
-            prefix_impl=plan.prefix_impl,
         )
         out.append(
             negative_advantage_seq_mask(
@@ -196,9 +193,8 @@ def _minibatch_step(
     `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given.
     Forward passes run in `plan.compute(device)` (the learner's precision), backward passes outside it."""
     a = cfg.algo
-    shared_prefix = plan.shared_prefix
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
-    micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, shared_prefix)
+    micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, plan.prefix)
     with plan.compute(device):
         policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, plan)
     agg = a.agg_params
@@ -228,9 +224,8 @@ def _minibatch_step(
                 denominators,
                 pmask if own_mask else None,
                 _pick(corr.weight, micro, T),
-                shared_prefix,
+                plan.prefix,
                 plan.needed_positions,
-                plan.prefix_impl,
             )
         if not torch.isfinite(out.loss):
             raise Diverged(f"non-finite loss {out.loss.item()} in the update")

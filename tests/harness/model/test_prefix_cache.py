@@ -62,14 +62,15 @@ def _lora(model) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if "lora_" in n]
 
 
-def _pass(model, ids, mask, keys, impl, precision="float32"):
-    """Hidden states, log-probs, entropies and the LoRA gradient of the log-probs' sum, as one update runs them."""
+def _pass(model, ids, mask, prefix, precision="float32"):
+    """Hidden states, log-probs, entropies and the LoRA gradient of the log-probs' sum, as one update runs them;
+    `prefix` (keys, impl) or None, the model's argument (`hidden_states`)."""
     for p in model.parameters():
         p.grad = None
     ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
     with ctx:
-        h = hidden_states(model, ids, mask, keys, impl)
-        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, prefix_keys=keys, prefix_impl=impl)
+        h = hidden_states(model, ids, mask, prefix)
+        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, prefix=prefix)
     (lp.sum() + (h.float() * mask[..., None]).sum() * 1e-3).backward()
     return h.detach().float(), lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in _lora(model)])
 
@@ -85,9 +86,9 @@ def _spy(monkeypatch) -> list[int]:
 def test_the_kv_cache_gives_the_plain_and_packed_values_and_gradients(attn, monkeypatch):
     model, (ids, mask, keys) = _model(attn), _batch()
     calls = _spy(monkeypatch)
-    plain = _pass(model, ids, mask, None, "packed")
-    packed = _pass(model, ids, mask, keys, "packed")
-    cached = _pass(model, ids, mask, keys, "kv_cache")
+    plain = _pass(model, ids, mask, None)
+    packed = _pass(model, ids, mask, (keys, "packed"))
+    cached = _pass(model, ids, mask, (keys, "kv_cache"))
     assert len(calls) == 2  # hidden states and log-probs, each through the cache
     m = mask.bool()
     for other in (plain, packed):
@@ -99,7 +100,7 @@ def test_the_kv_cache_gives_the_plain_and_packed_values_and_gradients(attn, monk
 
 def test_padding_positions_are_finite_and_receive_no_gradient():
     model, (ids, mask, keys) = _model("sdpa"), _batch()
-    h, lp, _, g = _pass(model, ids, mask, keys, "kv_cache")
+    h, lp, _, g = _pass(model, ids, mask, (keys, "kv_cache"))
     assert torch.isfinite(h).all() and torch.isfinite(g).all()
     assert (lp[~mask.bool()] == 0).all()
 
@@ -108,7 +109,7 @@ def test_padding_positions_are_finite_and_receive_no_gradient():
 def test_the_kv_cache_with_no_prefix_or_no_rest_anywhere(clusters):
     """Every cluster's prefix empty (no cache pass) or every rest empty (no rest pass)."""
     model, (ids, mask, keys) = _model("sdpa"), _batch(clusters, T=20)
-    plain, cached = _pass(model, ids, mask, None, "packed"), _pass(model, ids, mask, keys, "kv_cache")
+    plain, cached = _pass(model, ids, mask, None), _pass(model, ids, mask, (keys, "kv_cache"))
     m = mask.bool()
     assert (cached[1] - plain[1])[m].abs().max().item() < TOL
     assert ((cached[3] - plain[3]).norm() / plain[3].norm()).item() < TOL
@@ -117,9 +118,9 @@ def test_the_kv_cache_with_no_prefix_or_no_rest_anywhere(clusters):
 def test_under_bfloat16_the_kv_cache_gives_the_plain_values_within_its_rounding():
     model, (ids, mask, keys) = _model("sdpa"), _batch()
     m = mask.bool()
-    f32 = _pass(model, ids, mask, None, "packed")
-    runs = {impl: _pass(model, ids, mask, keys, impl, "bfloat16") for impl in ("packed", "kv_cache")}
-    runs["plain"] = _pass(model, ids, mask, None, "packed", "bfloat16")
+    f32 = _pass(model, ids, mask, None)
+    runs = {impl: _pass(model, ids, mask, (keys, impl), "bfloat16") for impl in ("packed", "kv_cache")}
+    runs["plain"] = _pass(model, ids, mask, None, "bfloat16")
     cached = runs["kv_cache"]
     assert TOL < (cached[1] - f32[1])[m].abs().max().item()  # it ran in bfloat16
     for other in (f32, runs["plain"], runs["packed"]):
@@ -133,12 +134,12 @@ def test_the_kv_cache_refuses_what_cannot_carry_its_cache():
     model, (ids, mask, keys) = _model("sdpa"), _batch()
     model.get_base_model().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     with pytest.raises(ValueError, match="model.gradient_checkpointing"):
-        hidden_states(model, ids, mask, keys, "kv_cache")
+        hidden_states(model, ids, mask, (keys, "kv_cache"))
     with torch.no_grad():  # no backward to replay: the cache is kept, and the pass runs
-        hidden_states(model, ids, mask, keys, "kv_cache")
+        hidden_states(model, ids, mask, (keys, "kv_cache"))
     model = _model("sdpa")
     model.get_base_model().get_decoder().config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match=r"train.learner.shared_prefix needs an attention that takes a 4D mask"):
-        hidden_states(model, ids, mask, keys, "kv_cache")
+        hidden_states(model, ids, mask, (keys, "kv_cache"))
     with pytest.raises(ValueError, match="train.learner.prefix_impl must be one of"):
-        hidden_states(_model("sdpa"), ids, mask, keys, "paged")
+        hidden_states(_model("sdpa"), ids, mask, (keys, "paged"))

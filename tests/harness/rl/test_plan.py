@@ -11,7 +11,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.experiments.provenance import config_hash
 from harness.model.logprobs import token_logprobs
-from harness.rl.batch import pack_units, prefix_keys, prefix_units
+from harness.rl.batch import model_prefix, pack_units, prefix_keys, prefix_units
 from harness.rl.behaviour import behaviour_forward
 from harness.rl.plan import DEFAULT_PLAN, make_plan
 from harness.rl.update import _micro_batches, make_optimizer, run_update
@@ -158,10 +158,10 @@ def test_prefix_units_merge_a_group_and_count_its_prefix_once(env):
     assert pack_units([[0, 1], [2], [3, 4]], [10, 6, 4], size=3, tokens=0) == [[0, 1, 2], [3, 4]]  # rows <= 3
 
 
-def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_PLAN, impl="packed"):
+def _logprobs_and_grads(t, batch, cfg, prefix: str | None, plan=DEFAULT_PLAN):
     """Log-probs, entropies and the gradient of their sum over the loss mask, from zeroed gradients; the
     forward in `plan`'s precision, the backward outside it (as the update runs them); a shared prefix
-    computed as `impl` (train.learner.prefix_impl) says."""
+    computed as `prefix` (train.learner.prefix_impl) names, None: none."""
     for p in t.policy.actor_parameters():
         p.grad = None
     with plan.compute("cpu"):
@@ -172,8 +172,7 @@ def _logprobs_and_grads(t, batch, cfg, share: torch.Tensor | None, plan=DEFAULT_
             temperature=cfg.rollout.temperature,
             with_entropy=True,
             allowed=batch.allowed,
-            prefix_keys=share,
-            prefix_impl=impl,
+            prefix=model_prefix(batch, prefix),
         )
     (lp * batch.loss_mask).sum().backward()
     return lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
@@ -189,8 +188,8 @@ def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env
     perturb(t.policy, 4)  # off the start: the gradients below are not all zero
     t.policy.model.train()
     out = {}
-    for share in (None, prefix_keys(batch)):
-        out[share is None] = _logprobs_and_grads(t, batch, cfg, share, impl=impl)
+    for prefix in (None, impl):
+        out[prefix is None] = _logprobs_and_grads(t, batch, cfg, prefix)
     (lp0, ent0, g0), (lp1, ent1, g1) = out[True], out[False]
     m = batch.attention_mask.bool()
     assert (lp0 - lp1)[m].abs().max().item() < TOL and (ent0 - ent1)[m].abs().max().item() < TOL
@@ -215,7 +214,7 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
     plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
     batch = env.batch(env.trainer(cfg), cfg)
     plan = make_plan(cfg, 1, batch)
-    assert plan.shared_prefix and plan.behaviour == "recompute" and plan.prefix_impl == impl
+    assert plan.prefix == impl and plan.behaviour == "recompute"
     shared, shared_w = _step(env, cfg, plan)
     for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
         assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
@@ -228,7 +227,7 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
     # micro-batches are whole groups, each one packed sequence: under a budget smaller than any row, the
     # plain path gives each trajectory a pass of its own, the shared prefix each group
     rows = torch.arange(batch.num_rows)
-    micros = _micro_batches(batch, rows, 64, 1, shared_prefix=True)
+    micros = _micro_batches(batch, rows, 64, 1, prefix=impl)
     assert len(micros) == len(set(prefix_keys(batch).tolist())) < len(_micro_batches(batch, rows, 64, 1))
     assert sorted(torch.cat(micros).tolist()) == rows.tolist()
 
@@ -239,10 +238,10 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
 BF16_TOL = 0.1
 
 
-@pytest.mark.parametrize("share", [False, "packed", "kv_cache"])
-def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, share):
-    impl = {"prefix_impl": share} if share else {}
-    cfg = learner_cfg(precision="bfloat16", shared_prefix=bool(share), **impl)
+@pytest.mark.parametrize("prefix", [None, "packed", "kv_cache"])
+def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, prefix):
+    impl = {"prefix_impl": prefix} if prefix else {}
+    cfg = learner_cfg(precision="bfloat16", shared_prefix=prefix is not None, **impl)
     t = env.trainer(cfg)
     batch = env.batch(t, cfg)
     perturb(t.policy, 4)  # off the start: the gradients below are not all zero
@@ -251,9 +250,7 @@ def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_r
     assert plan.precision == "bfloat16"
     out = {}
     for bf16 in (False, True):
-        lp, ent, g = _logprobs_and_grads(
-            t, batch, cfg, prefix_keys(batch) if share else None, plan if bf16 else DEFAULT_PLAN, share or "packed"
-        )
+        lp, ent, g = _logprobs_and_grads(t, batch, cfg, plan.prefix, plan if bf16 else DEFAULT_PLAN)
         assert lp.dtype == torch.float32 and ent.dtype == torch.float32  # log-softmax stays float32
         out[bf16] = lp, ent, g
     assert all(p.grad.dtype == p.dtype == torch.float32 for p in t.policy.actor_parameters())  # master weights
