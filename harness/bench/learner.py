@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -95,13 +97,74 @@ def _side_config(cfg: RunConfig, learner: dict) -> RunConfig:
     return validate_run_config(d, "bench learner")
 
 
+@contextmanager
+def _one_batch(cfg: RunConfig) -> Iterator[tuple]:
+    """A trainer of `cfg` and one rollout batch of it (update 1): (policy, batch, rollout seconds, CPU seconds)."""
+    from harness.rl.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, Path(tmp), NullLogger())
+        try:
+            t0, c0 = time.perf_counter(), time.process_time()
+            rollout = trainer.worker.rollout(1, turn_budget_at(0, cfg.turns))
+            rollout_s, rollout_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            kept = [e for e in rollout.kept if e.steps and e.env_error is None]
+            if not kept:
+                raise RuntimeError(f"bench learner: the rollout of {cfg.env.name} kept no usable episode to train on")
+            yield trainer.policy, trainer.learner.training_batch(kept), rollout_s, rollout_cpu_s
+        finally:
+            trainer.close()
+
+
+def bench_weight_casts(cfg: RunConfig, repeats: int = 2) -> dict:
+    """The config's own learner path (its train.learner, in bfloat16) with the frozen weights cast once an
+    update (harness.model.precision) against autocast casting them at every product, the code before: one
+    rollout batch, a warm-up, then `repeats` interleaved rounds; medians and their ratio. The two sides
+    must give the same loss and gradient norm bit for bit (`same_numbers`)."""
+    import harness.rl.plan as plan_module
+
+    c = _side_config(cfg, cfg.train.learner.model_dump(mode="json"))
+    if c.train.learner.precision == "float32":
+        raise ValueError("bench weight casts: the config's learner runs in float32; nothing is cast")
+    with _one_batch(c) as (policy, batch, rollout_s, _):
+        start = [p.detach().clone() for p in _params(policy)]
+        plan = make_plan(c, 1, batch)
+        cached_cm = plan_module.frozen_linears_in
+        runs: dict[str, list[dict]] = {"cached": [], "autocast": []}
+        try:
+            for i in range(repeats + 1):  # round 0 warms kernels and the allocator
+                for side in runs:
+                    plan_module.frozen_linears_in = cached_cm if side == "cached" else (lambda m, d: nullcontext())
+                    r = _timed(policy, c, batch, plan, start)
+                    if i:
+                        runs[side].append(r)
+        finally:
+            plan_module.frozen_linears_in = cached_cm
+    keys = ("update_s", "update_cpu_s")
+    med = {s: {k: statistics.median(r[k] for r in rows) for k in keys} for s, rows in runs.items()}
+    return {
+        "model": cfg.model.name,
+        "env": cfg.env.name,
+        "threads": torch.get_num_threads(),
+        "load_average": load_average(),
+        "repeats": repeats,
+        "rollout_s": rollout_s,
+        **med,
+        "update_s_ratio": med["cached"]["update_s"] / med["autocast"]["update_s"],
+        "update_cpu_s_ratio": med["cached"]["update_cpu_s"] / med["autocast"]["update_cpu_s"],
+        "learner_share": {s: m["update_s"] / (m["update_s"] + rollout_s) for s, m in med.items()},
+        "same_numbers": all(
+            (a["loss_total"], a["grad_norm"]) == (b["loss_total"], b["grad_norm"])
+            for a, b in zip(runs["cached"], runs["autocast"])
+        ),
+    }
+
+
 def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, baseline: str = "plain") -> dict:
     """The sides on one rollout batch of `cfg` (module docstring): one warm-up update of the `baseline`
     side, then `repeats` rounds of every side in turn; ratios against `baseline`. `baseline` is `plain` (the
     default path, always run then) or one of `sides`: where plain costs minutes an update (TextWorld), two
     fast paths can be compared without it."""
-    from harness.rl.trainer import Trainer
-
     cfgs, refused = ({"plain": _side_config(cfg, {})} if baseline == "plain" else {}), {}
     for side, learner in (sides or SIDES).items():
         try:
@@ -111,28 +174,16 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, b
     if baseline not in cfgs:
         why = f" (refused: {refused[baseline]})" if baseline in refused else ""
         raise ValueError(f"bench learner: the baseline side {baseline!r} is not among the sides run{why}")
-    with tempfile.TemporaryDirectory() as tmp:
-        # built from a side that reads the sampler's entropies, so its rollout records them for every side
-        recording = next((c for c in cfgs.values() if c.train.learner.behaviour != "recompute"), cfgs[baseline])
-        trainer = Trainer(recording, Path(tmp), NullLogger())
-        try:
-            t0, c0 = time.perf_counter(), time.process_time()
-            rollout = trainer.worker.rollout(1, turn_budget_at(0, cfg.turns))
-            rollout_s, rollout_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-            kept = [e for e in rollout.kept if e.steps and e.env_error is None]
-            if not kept:
-                raise RuntimeError(f"bench learner: the rollout of {cfg.env.name} kept no usable episode to train on")
-            batch = trainer.learner.training_batch(kept)
-            policy = trainer.policy
-            start = [p.detach().clone() for p in _params(policy)]
-            plans = {k: DEFAULT_PLAN if k == "plain" else make_plan(c, 1, batch) for k, c in cfgs.items()}
-            _timed(policy, cfgs[baseline], batch, plans[baseline], start)  # warms kernels and the allocator
-            runs: dict[str, list[dict]] = {side: [] for side in plans}
-            for _ in range(repeats):
-                for side, plan in plans.items():
-                    runs[side].append(_timed(policy, cfgs[side], batch, plan, start))
-        finally:
-            trainer.close()
+    # built from a side that reads the sampler's entropies, so its rollout records them for every side
+    recording = next((c for c in cfgs.values() if c.train.learner.behaviour != "recompute"), cfgs[baseline])
+    with _one_batch(recording) as (policy, batch, rollout_s, rollout_cpu_s):
+        start = [p.detach().clone() for p in _params(policy)]
+        plans = {k: DEFAULT_PLAN if k == "plain" else make_plan(c, 1, batch) for k, c in cfgs.items()}
+        _timed(policy, cfgs[baseline], batch, plans[baseline], start)  # warms kernels and the allocator
+        runs: dict[str, list[dict]] = {side: [] for side in plans}
+        for _ in range(repeats):
+            for side, plan in plans.items():
+                runs[side].append(_timed(policy, cfgs[side], batch, plan, start))
     out: dict = {
         "model": cfg.model.name,
         "env": cfg.env.name,

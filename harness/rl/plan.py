@@ -31,13 +31,15 @@ row says which path produced it; default runs log nothing new and keep their met
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from harness.config.errors import warn
 from harness.config.schema import RunConfig
+from harness.model.precision import frozen_linears_in
 from harness.rl.batch import TrainBatch
 
 
@@ -67,14 +69,23 @@ class UpdatePlan:
             out["plan/prefix_kv_cache"] = torch.tensor(float(self.prefix == "kv_cache"))
         return out
 
-    def compute(self, device: torch.device | str) -> AbstractContextManager:
-        """The context the learner's forward passes run in on `device`: autocast to bfloat16 under
+    def compute(self, model: torch.nn.Module) -> AbstractContextManager:
+        """The context the learner's forward passes of `model` run in: autocast to bfloat16 under
         precision bfloat16 (matrix products in bfloat16; PyTorch keeps softmax, log-softmax, norms and
-        reductions in float32), else nothing. Backward passes run outside it: autograd replays each op
-        in the dtype its forward used (docs/trainer.md#learner-precision)."""
+        reductions in float32) with the frozen linear weights in cached bfloat16 copies, so autocast
+        does not cast them again at every forward (harness.model.precision; the same numbers bit for
+        bit), else nothing. Backward passes run outside it: autograd replays each op in the dtype its
+        forward used (docs/trainer.md#learner-precision)."""
         if self.precision == "float32":
             return nullcontext()
-        return torch.autocast(torch.device(device).type, dtype=getattr(torch, self.precision))
+        return _low_precision(model, getattr(torch, self.precision))
+
+
+@contextmanager
+def _low_precision(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=dtype), frozen_linears_in(model, dtype):
+        yield
 
 
 DEFAULT_PLAN = UpdatePlan(behaviour="recompute", reference=True)

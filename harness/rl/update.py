@@ -24,6 +24,7 @@ from algorithms.types import AggParams
 from algorithms.utils import masked_mean
 from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
+from harness.model.precision import casts_kept
 from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_units
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
@@ -187,15 +188,14 @@ def _minibatch_step(
     sums,
     corr: Correction | None = None,
     plan: UpdatePlan = DEFAULT_PLAN,
-    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Gradient of one minibatch accumulated over its micro-batches; returns the gradient norm.
     `corr`: the batch's off-policy correction (`batch_correction`), computed here when not given.
-    Forward passes run in `plan.compute(device)` (the learner's precision), backward passes outside it."""
+    Forward passes run in `plan.compute(policy.model)` (the learner's precision), backward passes outside it."""
     a = cfg.algo
     corr = corr if corr is not None else batch_correction(batch, fwd.old_logp, cfg)
     micros = _micro_batches(batch, mb_idx, a.micro_batch_size, a.micro_batch_tokens, plan.prefix)
-    with plan.compute(device):
+    with plan.compute(policy.model):
         policy_masks = _kept_masks(policy, batch, mb_idx, micros, adv, fwd, cfg, corr, sums, plan)
     agg = a.agg_params
     denominators = Denominators(
@@ -211,7 +211,7 @@ def _minibatch_step(
     for micro, pmask in zip(micros, policy_masks):
         mb = batch.rows(micro)
         T = mb.input_ids.shape[1]
-        with plan.compute(device):
+        with plan.compute(policy.model):
             out = loss_terms(
                 policy,
                 mb,
@@ -250,11 +250,16 @@ def run_update(
     """One update on `batch` under `plan` (harness.rl.plan.make_plan); returns its metrics, reduced once
     at the end. seconds: if a dict, `logprobs_s` and `logprobs_cpu_s` (wall and process CPU time of the
     behaviour and reference log-probs) are set in it; times stay out of the metrics, which are
-    bit-identical for the same config and seed."""
+    bit-identical for the same config and seed. Casts of frozen weights made for the learner's precision
+    are kept for the length of the update (harness.model.precision), when its weights cannot change."""
+    with casts_kept(policy.model):
+        return _run_update(policy, optimizer, batch, cfg, generator, seconds, plan)
+
+
+def _run_update(policy, optimizer, batch, cfg, generator, seconds, plan) -> dict[str, float]:
     a = cfg.algo
     t0, c0 = time.perf_counter(), time.process_time()
-    device = next(policy.model.parameters()).device
-    with plan.compute(device):  # bfloat16 autocast under train.learner.precision, else nothing
+    with plan.compute(policy.model):  # bfloat16 autocast under train.learner.precision, else nothing
         fwd = behaviour_forward(policy, batch, cfg, plan)  # eval mode
     if seconds is not None:
         seconds.update(logprobs_s=time.perf_counter() - t0, logprobs_cpu_s=time.process_time() - c0)
@@ -274,7 +279,7 @@ def run_update(
     for _ in range(a.epochs):
         for mb_idx in _minibatches(batch, a.minibatches, generator):
             optimizer.zero_grad(set_to_none=True)
-            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr, plan, device)
+            gn = _minibatch_step(policy, batch, mb_idx, adv, returns, fwd, cfg, sums, corr, plan)
             if not torch.isfinite(gn):
                 raise Diverged(f"non-finite gradient norm {gn.item()}")
             sums.setdefault("diag/grad_norm", []).append(gn.detach().float())

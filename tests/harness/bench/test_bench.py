@@ -135,3 +135,20 @@ def test_learner_bench_compares_two_fast_paths_without_the_plain_one():
     assert math.isclose(kv["loss_total"], out["shared_prefix"]["loss_total"], rel_tol=1e-4, abs_tol=1e-6)
     with pytest.raises(ValueError, match="'bf16'"):
         bench_learner(cfg, repeats=1, sides=sides, baseline="bf16")
+
+
+def test_the_weight_cast_bench_times_the_config_s_bfloat16_path_both_ways_with_the_same_numbers():
+    """`bench_weight_casts`: the config's own learner path with the frozen weights cast once an update and
+    with autocast casting them itself, on one batch; the two sides' losses and gradient norms are equal bit
+    for bit, and a float32 learner is refused (nothing to cast)."""
+    from harness.bench.learner import bench_weight_casts
+
+    small = {"rollout": {"tasks_per_update": 2, "group_size": 4}, "turns": {"max": 3}}
+    cfg = cfg_with(**small, train={"learner": {"precision": "bfloat16"}})
+    out = bench_weight_casts(cfg, repeats=1)
+    assert out["same_numbers"] is True
+    for side in ("cached", "autocast"):
+        assert out[side]["update_s"] > 0 and 0 < out["learner_share"][side] < 1
+    assert math.isclose(out["update_s_ratio"], out["cached"]["update_s"] / out["autocast"]["update_s"])
+    with pytest.raises(ValueError, match="float32"):
+        bench_weight_casts(cfg_with(**small), repeats=1)

@@ -4,6 +4,8 @@ give, the reference schedule, the config checks, and the default plan leaving me
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -164,7 +166,7 @@ def _logprobs_and_grads(t, batch, cfg, prefix: str | None, plan=DEFAULT_PLAN):
     computed as `prefix` (train.learner.prefix_impl) names, None: none."""
     for p in t.policy.actor_parameters():
         p.grad = None
-    with plan.compute("cpu"):
+    with plan.compute(t.policy.model):
         lp, ent = token_logprobs(
             t.policy.model,
             batch.input_ids,
@@ -305,6 +307,75 @@ def test_a_bfloat16_update_gives_the_float32_loss_and_step_within_its_rounding(e
     # step whichever way rounding tips them: the steps agree in direction, not to the last digit
     cos = torch.nn.functional.cosine_similarity(plain_w - start, low_w - start, dim=0).item()
     assert 0 < (low_w - plain_w).norm() < 0.25 * (plain_w - start).norm() and cos > 0.97, cos
+
+
+@pytest.mark.parametrize("prefix", [None, "packed", "kv_cache"])
+def test_cached_bfloat16_weights_give_autocast_s_log_probs_and_gradients_bit_for_bit(env, prefix, monkeypatch):
+    impl = {"prefix_impl": prefix} if prefix else {}
+    cfg = learner_cfg(precision="bfloat16", shared_prefix=prefix is not None, **impl)
+    t = env.trainer(cfg)
+    batch = env.batch(t, cfg)
+    perturb(t.policy, 4)
+    t.policy.model.train()
+    plan = make_plan(cfg, 1, batch)
+    cached = _logprobs_and_grads(t, batch, cfg, plan.prefix, plan)
+    with monkeypatch.context() as m:
+        import harness.rl.plan as plan_module
+
+        m.setattr(plan_module, "frozen_linears_in", lambda model, dtype: nullcontext())
+        plain = _logprobs_and_grads(t, batch, cfg, plan.prefix, plan)
+    for a, b in zip(cached, plain):
+        assert torch.equal(a, b)
+    assert (cached[0] - _logprobs_and_grads(t, batch, cfg, plan.prefix, DEFAULT_PLAN)[0]).abs().max() > TOL  # bf16 ran
+
+
+def test_a_bfloat16_update_with_cached_weights_is_autocast_s_update_bit_for_bit(env, monkeypatch):
+    cfg = learner_cfg(precision="bfloat16", behaviour="first_forward", shared_prefix=True, logprob_positions="needed")
+    plan = make_plan(cfg, 1, env.batch(env.trainer(cfg), cfg))
+    assert plan.precision == "bfloat16" and plan.behaviour == "first_forward" and plan.prefix == "packed"
+    cached, cached_w = _step(env, cfg, plan)
+    with monkeypatch.context() as m:
+        import harness.rl.plan as plan_module
+
+        m.setattr(plan_module, "frozen_linears_in", lambda model, dtype: nullcontext())
+        plain, plain_w = _step(env, cfg, plan)
+    assert cached.keys() == plain.keys()
+    assert all(cached[k] == plain[k] or (cached[k] != cached[k] and plain[k] != plain[k]) for k in cached)
+    assert torch.equal(cached_w, plain_w)
+
+
+def test_the_copies_stand_in_only_inside_the_context_and_are_kept_only_for_an_update(env):
+    from harness.model.precision import casts_kept, frozen_linears_in
+
+    cfg = learner_cfg(precision="bfloat16")
+    model = env.trainer(cfg).policy.model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad]
+    assert linears
+    before = {id(m): m.weight for m in linears}
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert head.weight is embed.weight  # the tiny model ties them: the table must stay float32 for lookups
+    with frozen_linears_in(model, torch.bfloat16):
+        assert all(m.weight.dtype == torch.bfloat16 and not m.weight.requires_grad for m in linears)
+        assert embed.weight.dtype == torch.float32 and head.weight.dtype == torch.bfloat16
+        first = linears[0].weight
+        assert torch.equal(first, before[id(linears[0])].detach().to(torch.bfloat16))
+        assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)  # LoRA untouched
+    assert all(m.weight is before[id(m)] for m in linears) and head.weight is embed.weight
+    with casts_kept(model):
+        with frozen_linears_in(model, torch.bfloat16):
+            kept = linears[0].weight.data_ptr()
+        with frozen_linears_in(model, torch.bfloat16):
+            assert linears[0].weight.data_ptr() == kept  # cast once within the update
+    saved = linears[0].weight.detach().clone()
+    try:
+        linears[0].weight.data.add_(1.0)  # a write the version counter does not see, between updates
+        with casts_kept(model), frozen_linears_in(model, torch.bfloat16):
+            assert torch.equal(linears[0].weight, before[id(linears[0])].detach().to(torch.bfloat16))
+    finally:
+        linears[0].weight.data.copy_(saved)  # the env's trainers share the frozen base
+    with pytest.raises(RuntimeError, match="inside"), frozen_linears_in(model, torch.bfloat16):
+        raise RuntimeError("inside")
+    assert all(m.weight is before[id(m)] for m in linears)  # restored on an error too
 
 
 def test_bfloat16_is_refused_with_the_sampler_behaviour():
