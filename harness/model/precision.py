@@ -11,6 +11,12 @@ during which frozen weights cannot change) each weight is cast once and the copy
 pass; outside it a context casts afresh, because a cache that outlived the update could go stale
 unseen (a write through `.data`, as a weight reset does, leaves the version counter alone).
 
+PEFT's adapter layers cast their input to the adapter's float32 before the adapter's product, which
+autocast then casts back to bfloat16: two copies of the activations per adapted layer whose input is
+already bfloat16 (the attention output into o_proj), and a round trip that changes no value
+(bfloat16 -> float32 -> bfloat16 is exact, and so is the backward's). The context switches that
+cast off (PEFT's own `cast_input_dtype_enabled`), so the adapter reads the bfloat16 input directly.
+
 The cast is the one autocast makes (`Tensor.to`, round to nearest even) and the products see the
 same operands, so every number is the same bit for bit; the float32 weights stay the model's own
 outside the context (the sampler, evaluation and checkpoints read them). Only `nn.Linear` modules
@@ -59,8 +65,12 @@ def frozen_linears_in(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     kept = _KEPT.get(model)
     casts = kept if kept is not None else {}
     swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+    uncast: list[nn.Module] = []
     try:
         for module in model.modules():
+            if getattr(module, "cast_input_dtype_enabled", False):  # a PEFT adapter layer
+                module.cast_input_dtype_enabled = False
+                uncast.append(module)
             if not isinstance(module, nn.Linear) or not _frozen(module.weight):
                 continue
             for name in ("weight", "bias"):
@@ -78,3 +88,5 @@ def frozen_linears_in(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     finally:
         for module, name, p in reversed(swapped):
             module._parameters[name] = p
+        for module in uncast:
+            module.cast_input_dtype_enabled = True
