@@ -22,7 +22,13 @@ gives look k the increment a_k = alpha(tau_k) - alpha(tau_(k-1)), so sum_k a_k =
 - equivalent: at look k, the (1 - 2 b_k) interval of an open contrast lies inside ±margin (two
   one-sided tests at b_k each), b_k the increments of the same spending function with total 0.05,
   the error of the fixed-n table's 90% TOST.
-- undetermined: still open after the look at `max` (degenerate when its interval has no width).
+- undetermined: still open after the look at `max`.
+- degenerate: the paired Δ has no spread at a look (every seed and task of the arm scores as the
+  baseline's, as when an arm changes nothing its runs can see): no test is possible, so the contrast
+  is frozen there with no verdict and gets no more seeds. It claims nothing, so stopping it spends no
+  error; it stays in the better / worse family (p = 1), as an equivalent contrast does. Kept open
+  instead, such an arm would run to `max` for nothing (the model judge of sweeps/process_reward.yaml,
+  whose runs equal the outcome-only runs bit for bit, costs 7 minutes a point).
 
 Why it is valid whatever the correlation between looks. The looks' statistics share seeds, so
 exact boundaries would need their joint law (recursive integration, and with t statistics, Holm
@@ -151,7 +157,7 @@ def look_codes(value, se, df, tested, family, alpha: float, alpha_eq: float, mar
 @dataclass(frozen=True)
 class Decision:
     """One contrast after the looks taken so far. verdict: better | worse | higher | lower |
-    equivalent (frozen at `look`), undetermined | degenerate (open after the last look), or open
+    equivalent | degenerate (frozen at `look`), undetermined (open after the last look), or open
     (a look still to come); seeds: the seeds its estimate used; p: its p-value at that look."""
 
     verdict: str
@@ -219,8 +225,10 @@ def replay(
                 continue
             e = est[a]
             word = _word(int(code), higher_is_better) if code != OPEN else "open"
-            if code == OPEN and last:
-                word = "degenerate" if e.degenerate else "undetermined"
+            if code == OPEN and e.degenerate:  # no spread: no test now, and the rule claims nothing for it
+                word = "degenerate"
+            elif code == OPEN and last:
+                word = "undetermined"
             if code in (UP, DOWN):
                 rejected.add(a)
             out.decisions[a] = Decision(word, k, n, e.p_value(), e)

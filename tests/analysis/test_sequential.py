@@ -137,6 +137,30 @@ def test_replay_freezes_decisions_and_stops_at_incomplete_looks():
         assert d == out.decisions[a] if d.verdict != "open" else out.decisions[a].look >= 2
 
 
+def test_a_contrast_without_spread_is_frozen_as_degenerate_at_its_look_and_gets_no_more_seeds():
+    """An arm whose runs score as the baseline's on every seed and task (a judge that never votes) has
+    no test at any look: it is degenerate at the first look and gets no more seeds. The rule freezes
+    what it saw: an arm equal to the baseline on the first look's seeds is degenerate there even when
+    a later seed would differ (here from the fourth on), while one seed of spread keeps it tested."""
+    rng = np.random.default_rng(5)
+    grids = _grids(rng, 15, [0.0])
+    grids["same"] = np.zeros((15, 8))
+    late = np.zeros((15, 8))
+    late[3:] = rng.normal(0, 0.3, (12, 8))
+    grids["late"] = late
+    early = np.zeros((15, 8))
+    early[2:] = rng.normal(0, 0.3, (13, 8))
+    grids["early"] = early
+    plan = Plan(3, 2, 15, margin=0.05)
+    out = replay(plan, list(grids), lambda arm, n: grid_interval(grids[arm][:n]))
+    for arm in ("same", "late"):
+        d = out.decisions[arm]
+        assert d.verdict == "degenerate" and d.look == 0 and d.seeds == 3
+        assert all(arm not in r["verdicts"] for r in out.looks[1:])  # not tested again
+    assert out.looks[0]["verdicts"]["early"] != "degenerate" and out.decisions["early"].verdict != "degenerate"
+    assert out.decisions["arm0"].verdict != "degenerate"
+
+
 def test_seeds_needed_shrinks_with_a_larger_effect_and_is_none_without_a_way_to_a_verdict():
     rng = np.random.default_rng(5)
     noise = rng.normal(0, 0.05, (15, 1)) + rng.normal(0, 0.3, (15, 64))
