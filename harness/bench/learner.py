@@ -121,7 +121,7 @@ def bench_weight_casts(cfg: RunConfig, repeats: int = 2) -> dict:
     update (harness.model.precision) against autocast casting them at every product, the code before: one
     rollout batch, a warm-up, then `repeats` interleaved rounds; medians and their ratio. The two sides
     must give the same loss and gradient norm bit for bit (`same_numbers`)."""
-    import harness.rl.plan as plan_module
+    from harness.model.precision import autocast_only
 
     c = _side_config(cfg, cfg.train.learner.model_dump(mode="json"))
     if c.train.learner.precision == "float32":
@@ -129,17 +129,13 @@ def bench_weight_casts(cfg: RunConfig, repeats: int = 2) -> dict:
     with _one_batch(c) as (policy, batch, rollout_s, _):
         start = [p.detach().clone() for p in _params(policy)]
         plan = make_plan(c, 1, batch)
-        cached_cm = plan_module.frozen_linears_in
         runs: dict[str, list[dict]] = {"cached": [], "autocast": []}
-        try:
-            for i in range(repeats + 1):  # round 0 warms kernels and the allocator
-                for side in runs:
-                    plan_module.frozen_linears_in = cached_cm if side == "cached" else (lambda m, d: nullcontext())
+        for i in range(repeats + 1):  # round 0 warms kernels and the allocator
+            for side in runs:
+                with nullcontext() if side == "cached" else autocast_only():
                     r = _timed(policy, c, batch, plan, start)
-                    if i:
-                        runs[side].append(r)
-        finally:
-            plan_module.frozen_linears_in = cached_cm
+                if i:
+                    runs[side].append(r)
     keys = ("update_s", "update_cpu_s")
     med = {s: {k: statistics.median(r[k] for r in rows) for k in keys} for s, rows in runs.items()}
     return {

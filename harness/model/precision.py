@@ -29,12 +29,29 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
 
 # model -> {id(float32 tensor): (key of that tensor's state, its cast)}, while casts_kept(model) runs
 _KEPT: weakref.WeakKeyDictionary[nn.Module, dict[int, tuple[tuple, torch.Tensor]]] = weakref.WeakKeyDictionary()
+
+
+# inside autocast_only(): frozen_linears_in changes nothing (the code before it, for benches and tests)
+_OFF: ContextVar[bool] = ContextVar("harness_frozen_casts_off", default=False)
+
+
+@contextmanager
+def autocast_only() -> Iterator[None]:
+    """Inside: `frozen_linears_in` leaves the model as it is, so autocast casts every frozen weight at
+    every product and PEFT casts its inputs, as before this module: the baseline its equality tests and
+    `harness.bench.learner.bench_weight_casts` compare against."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
 
 
 def _state(t: torch.Tensor, dtype: torch.dtype) -> tuple:
@@ -61,7 +78,11 @@ def casts_kept(model: nn.Module) -> Iterator[None]:
 @contextmanager
 def frozen_linears_in(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Inside: every `nn.Linear` of `model` whose weight is frozen float32 holds a `dtype` copy of its
-    weight and bias instead (module docstring); outside, its own tensors again."""
+    weight and bias instead (module docstring); outside, its own tensors again. Nothing inside
+    `autocast_only()`."""
+    if _OFF.get():
+        yield
+        return
     kept = _KEPT.get(model)
     casts = kept if kept is not None else {}
     swapped: list[tuple[nn.Module, str, nn.Parameter]] = []

@@ -4,8 +4,6 @@ give, the reference schedule, the config checks, and the default plan leaving me
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.experiments.provenance import config_hash
 from harness.model.logprobs import token_logprobs
+from harness.model.precision import autocast_only
 from harness.rl.batch import model_prefix, pack_units, prefix_keys, prefix_units
 from harness.rl.behaviour import behaviour_forward
 from harness.rl.plan import DEFAULT_PLAN, make_plan
@@ -310,7 +309,7 @@ def test_a_bfloat16_update_gives_the_float32_loss_and_step_within_its_rounding(e
 
 
 @pytest.mark.parametrize("prefix", [None, "packed", "kv_cache"])
-def test_cached_bfloat16_weights_give_autocast_s_log_probs_and_gradients_bit_for_bit(env, prefix, monkeypatch):
+def test_cached_bfloat16_weights_give_autocast_s_log_probs_and_gradients_bit_for_bit(env, prefix):
     impl = {"prefix_impl": prefix} if prefix else {}
     cfg = learner_cfg(precision="bfloat16", shared_prefix=prefix is not None, **impl)
     t = env.trainer(cfg)
@@ -319,25 +318,19 @@ def test_cached_bfloat16_weights_give_autocast_s_log_probs_and_gradients_bit_for
     t.policy.model.train()
     plan = make_plan(cfg, 1, batch)
     cached = _logprobs_and_grads(t, batch, cfg, plan.prefix, plan)
-    with monkeypatch.context() as m:
-        import harness.rl.plan as plan_module
-
-        m.setattr(plan_module, "frozen_linears_in", lambda model, dtype: nullcontext())
+    with autocast_only():
         plain = _logprobs_and_grads(t, batch, cfg, plan.prefix, plan)
     for a, b in zip(cached, plain):
         assert torch.equal(a, b)
     assert (cached[0] - _logprobs_and_grads(t, batch, cfg, plan.prefix, DEFAULT_PLAN)[0]).abs().max() > TOL  # bf16 ran
 
 
-def test_a_bfloat16_update_with_cached_weights_is_autocast_s_update_bit_for_bit(env, monkeypatch):
+def test_a_bfloat16_update_with_cached_weights_is_autocast_s_update_bit_for_bit(env):
     cfg = learner_cfg(precision="bfloat16", behaviour="first_forward", shared_prefix=True, logprob_positions="needed")
     plan = make_plan(cfg, 1, env.batch(env.trainer(cfg), cfg))
     assert plan.precision == "bfloat16" and plan.behaviour == "first_forward" and plan.prefix == "packed"
     cached, cached_w = _step(env, cfg, plan)
-    with monkeypatch.context() as m:
-        import harness.rl.plan as plan_module
-
-        m.setattr(plan_module, "frozen_linears_in", lambda model, dtype: nullcontext())
+    with autocast_only():
         plain, plain_w = _step(env, cfg, plan)
     assert cached.keys() == plain.keys()
     assert all(cached[k] == plain[k] or (cached[k] != cached[k] and plain[k] != plain[k]) for k in cached)
@@ -373,6 +366,10 @@ def test_the_copies_stand_in_only_inside_the_context_and_are_kept_only_for_an_up
             assert torch.equal(linears[0].weight, before[id(linears[0])].detach().to(torch.bfloat16))
     finally:
         linears[0].weight.data.copy_(saved)  # the env's trainers share the frozen base
+    with autocast_only(), frozen_linears_in(model, torch.bfloat16):  # the baseline the equality tests use
+        assert all(m.weight is before[id(m)] and m.weight.dtype == torch.float32 for m in linears)
+    with frozen_linears_in(model, torch.bfloat16):  # and only inside it
+        assert linears[0].weight.dtype == torch.bfloat16
     with pytest.raises(RuntimeError, match="inside"), frozen_linears_in(model, torch.bfloat16):
         raise RuntimeError("inside")
     assert all(m.weight is before[id(m)] for m in linears)  # restored on an error too
