@@ -56,6 +56,15 @@ SIDES = {
     # the shared prefix through a key-value cache (train.learner.prefix_impl), beside the packed sides above
     "shared_prefix_kv": {"shared_prefix": True, "prefix_impl": "kv_cache"},
     "bf16+shared_prefix_kv": {"precision": "bfloat16", "shared_prefix": True, "prefix_impl": "kv_cache"},
+    # the packed prefix with its attention computed per segment (train.learner.prefix_impl: segmented)
+    "shared_prefix_seg": {"shared_prefix": True, "prefix_impl": "segmented"},
+    "bf16+first_forward+shared_prefix_seg+needed": {
+        "precision": "bfloat16",
+        "behaviour": "first_forward",
+        "shared_prefix": True,
+        "prefix_impl": "segmented",
+        "logprob_positions": "needed",
+    },
     "bf16+first_forward+shared_prefix_kv+needed": {
         "precision": "bfloat16",
         "behaviour": "first_forward",

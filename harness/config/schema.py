@@ -274,10 +274,13 @@ def prefix_impl_problem(cfg: RunConfig) -> str | None:
             "a shared prefix is computed, and none is; set train.learner.shared_prefix: true or remove prefix_impl"
         )
     if cfg.model.gradient_checkpointing:
+        why = {
+            "kv_cache": "layers keep no key-value cache, so the rows would not see their prefix",
+            "segmented": "layers recompute their attention in backward, outside the call that computes it per segment",
+        }[ln.prefix_impl]
         return (
             f"train.learner.prefix_impl = {ln.prefix_impl!r} with model.gradient_checkpointing = true: checkpointed "
-            "layers keep no key-value cache, so the rows would not see their prefix; set "
-            "model.gradient_checkpointing: false or train.learner.prefix_impl: packed"
+            f"{why}; set model.gradient_checkpointing: false or train.learner.prefix_impl: packed"
         )
     return None
 

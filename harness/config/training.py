@@ -142,15 +142,18 @@ class LearnerConfig(Strict):
         "Micro-batches then hold whole groups. Log-probs, losses and gradients equal the plain path's up to "
         "float rounding.",
     )
-    prefix_impl: Literal["packed", "kv_cache"] = F(
+    prefix_impl: Literal["packed", "segmented", "kv_cache"] = F(
         "packed",
         "How train.learner.shared_prefix shares a group's prefix (docs/trainer.md#shared-prefix). packed: the "
         "group's rows in one sequence [prefix, rest 1, rest 2, ...] under a block attention mask (Prefix Grouper, "
         "Liu et al. 2025); its attention costs (P + G*R)^2 for G rows of prefix P and rests R, dear where rows "
-        "run long after the prompt. kv_cache: the prefixes run once with a key-value cache kept in the autograd "
-        "graph, then every row's rest runs on a copy of its group's cache; attention costs G*R*(P + R), the "
-        "prefix's keys and values are held once per row. Same values up to float rounding. Only with "
-        "shared_prefix: true, sdpa or eager attention, and without model.gradient_checkpointing.",
+        "run long after the prompt. segmented: the same packed sequence, each layer's attention computed per "
+        "segment (the prefix over itself, each rest over the prefix and itself): attention costs "
+        "P^2 + G*R*(P + R), the rest is the packed path's. kv_cache: the prefixes run once with a key-value "
+        "cache kept in the autograd graph, then every row's rest runs on a copy of its group's cache; attention "
+        "costs G*R*(P + R), the prefix's keys and values are held once per row. Same values up to float "
+        "rounding. Only with shared_prefix: true; packed and kv_cache need sdpa or eager attention; segmented "
+        "and kv_cache refuse model.gradient_checkpointing.",
     )
 
     precision: Literal["float32", "bfloat16"] = F(

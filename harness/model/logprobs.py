@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from harness.model.prefix_cache import kv_cache_hidden_states
+from harness.model.segmented import Segments, segmented_decoder_call
 
 DEFAULT_CHUNK = 1024  # rows of (chunk, V) float32 logits: 0.6 GB for Qwen's 152k vocabulary
 # Disallowed logits are set to this finite value rather than -inf, so that p * logit stays 0
@@ -136,6 +137,33 @@ def shared_prefix_hidden_states(
     return PREFIX_IMPLS[impl](decoder, input_ids, lengths, clusters)
 
 
+def _packed_layout(ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]):
+    """Prefix Grouper's packed rows, one per cluster (its rows, their common prefix length): [prefix, rest of
+    row 1, rest of row 2, ...], right-padded to the longest. Returns, on the CPU, the packed ids and positions
+    (Bp, Lp), each packed token's member (Bp, Lp; -1 the prefix, -2 padding), each row's source of its
+    positions in the packed rows (src_row, src_pos: (B, T)) and, per packed row, its prefix length and the
+    [start, end) spans of its rests. Positions past a row's length point at its first token."""
+    packs = [_pack(ids, lengths, rows, P) for rows, P in clusters]
+    Lp = max(len(p[0]) for p in packs)
+    Bp, T = len(packs), ids.shape[1]
+    pid = torch.zeros(Bp, Lp, dtype=ids.dtype)
+    ppos = torch.zeros(Bp, Lp, dtype=torch.long)
+    member = torch.full((Bp, Lp), -2)  # -2: padding, which sees only itself
+    src_row, src_pos = torch.zeros(ids.shape[0], T, dtype=torch.long), torch.zeros(ids.shape[0], T, dtype=torch.long)
+    spans = []
+    for b, ((tok, pos, mem, where), (rows, P)) in enumerate(zip(packs, clusters)):
+        n = len(tok)
+        pid[b, :n], ppos[b, :n], member[b, :n] = tok, pos, mem
+        at, own = P, []
+        for r, w in zip(rows, where):
+            src_row[r] = b
+            src_pos[r, : len(w)] = w
+            own.append((at, at + len(w) - P))
+            at += len(w) - P
+        spans.append((P, own))
+    return pid, ppos, member, src_row, src_pos, spans
+
+
 def _packed_hidden_states(
     decoder: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]
 ) -> torch.Tensor:
@@ -145,31 +173,34 @@ def _packed_hidden_states(
     position ids, as Prefix Grouper (Liu et al. 2025) does; every row's hidden states are then gathered back
     into (B, T, H). Positions past a row's length get the hidden state of its first token."""
     dev = input_ids.device
-    ids = input_ids.cpu()
-    packs = [_pack(ids, lengths, rows, P) for rows, P in clusters]
-    Lp = max(len(p[0]) for p in packs)
-    Bp, T = len(packs), ids.shape[1]
-    pid = torch.zeros(Bp, Lp, dtype=ids.dtype)
-    ppos = torch.zeros(Bp, Lp, dtype=torch.long)
-    member = torch.full((Bp, Lp), -2)  # -2: padding, which sees only itself
-    src_row, src_pos = torch.zeros(ids.shape[0], T, dtype=torch.long), torch.zeros(ids.shape[0], T, dtype=torch.long)
-    for b, ((tok, pos, mem, where), (rows, _)) in enumerate(zip(packs, clusters)):
-        n = len(tok)
-        pid[b, :n], ppos[b, :n], member[b, :n] = tok, pos, mem
-        for r, w in zip(rows, where):
-            src_row[r] = b
-            src_pos[r, : len(w)] = w
+    pid, ppos, member, src_row, src_pos, _ = _packed_layout(input_ids.cpu(), lengths, clusters)
+    Lp = pid.shape[1]
     q, k = torch.arange(Lp)[:, None], torch.arange(Lp)[None, :]
     mq, mk = member[:, :, None], member[:, None, :]  # (Bp, Lp, 1), (Bp, 1, Lp)
     see = ((k <= q) & ((mk == -1) | (mk == mq)) & (mk != -2)) | ((q == k) & (mq == -2))  # (Bp, Lp, Lp)
     dtype = next(decoder.parameters()).dtype
-    mask = torch.zeros(Bp, 1, Lp, Lp, dtype=dtype).masked_fill_(~see[:, None], torch.finfo(dtype).min)
+    mask = torch.zeros(pid.shape[0], 1, Lp, Lp, dtype=dtype).masked_fill_(~see[:, None], torch.finfo(dtype).min)
     out = decoder(input_ids=pid.to(dev), attention_mask=mask.to(dev), position_ids=ppos.to(dev), use_cache=False)
     return out.last_hidden_state[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
 
 
+def _segmented_hidden_states(
+    decoder: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]
+) -> torch.Tensor:
+    """train.learner.prefix_impl segmented: the packed path's rows, positions and gather, with each layer's
+    attention computed per segment instead of under the dense block mask (`harness.model.segmented`)."""
+    dev = input_ids.device
+    pid, ppos, _, src_row, src_pos, spans = _packed_layout(input_ids.cpu(), lengths, clusters)
+    h = segmented_decoder_call(decoder, pid.to(dev), ppos.to(dev), Segments(spans, pid.shape[1]))
+    return h[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
+
+
 # train.learner.prefix_impl -> (decoder, input_ids (B, T), lengths (B,) on the CPU, clusters) -> (B, T, H)
-PREFIX_IMPLS = {"packed": _packed_hidden_states, "kv_cache": kv_cache_hidden_states}
+PREFIX_IMPLS = {
+    "packed": _packed_hidden_states,
+    "segmented": _segmented_hidden_states,
+    "kv_cache": kv_cache_hidden_states,
+}
 
 
 class _LinearLogprob(torch.autograd.Function):

@@ -47,7 +47,7 @@ from harness.rl.batch import TrainBatch
 class UpdatePlan:
     behaviour: str  # "recompute", "sampler" or "first_forward"
     reference: bool  # whether the reference log-probs are computed in this update
-    # each group's common prefix runs once per pass, computed as this names ("packed" or "kv_cache",
+    # each group's common prefix runs once per pass, computed as this names ("packed", "segmented" or "kv_cache",
     # train.learner.prefix_impl); None: no shared prefix (train.learner.shared_prefix false)
     prefix: str | None = None
     logged: bool = False  # whether plan/* goes into the metrics (train.learner not the default)
@@ -65,8 +65,9 @@ class UpdatePlan:
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
             "plan/needed_positions": torch.tensor(float(self.needed_positions)),
         }
-        if self.prefix not in (None, "packed"):  # only runs that set it: the others keep their metrics byte for byte
-            out["plan/prefix_kv_cache"] = torch.tensor(float(self.prefix == "kv_cache"))
+        # only runs that set another prefix_impl log it: packed runs keep their metrics byte for byte
+        if self.prefix in ("kv_cache", "segmented"):
+            out[f"plan/prefix_{self.prefix}"] = torch.tensor(1.0)
         return out
 
     def compute(self, model: torch.nn.Module) -> AbstractContextManager:

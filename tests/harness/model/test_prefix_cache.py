@@ -1,5 +1,6 @@
-"""The shared prefix through a key-value cache (harness.model.prefix_cache, train.learner.prefix_impl: kv_cache)
-against the plain pass and the packed one, on a tiny random Qwen2 with a LoRA adapter: hidden states,
+"""The shared prefix's other implementations against the plain pass and the packed one (train.learner.prefix_impl):
+through a key-value cache (harness.model.prefix_cache, kv_cache) and packed with its attention computed per
+segment (harness.model.segmented, segmented), on a tiny random Qwen2 with a LoRA adapter: hidden states,
 log-probs, entropies and LoRA gradients, in float32 (sdpa and eager) and under bfloat16 autocast."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from harness.model.logprobs import common_prefix, hidden_states, token_logprobs
 from tests.helpers.rollout import tiny_model
 
 VOCAB = 300
-# float32: the three paths multiply the same numbers in other groupings (other matrix shapes, a softmax over
+IMPLS = ["kv_cache", "segmented"]
+# float32: the four paths multiply the same numbers in other groupings (other matrix shapes, a softmax over
 # other key sets padded with masked slots); measured gaps to the plain and packed passes are at most 1e-6 on
 # hidden states (of size ~1), 5e-7 on log-probs and entropies, 3e-7 relative on the LoRA gradient, so 1e-5
 # is rounding with margin; a wrong position, prefix mask, row-to-cache map or a detached cache fails it
@@ -75,21 +77,22 @@ def _pass(model, ids, mask, prefix, precision="float32"):
     return h.detach().float(), lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in _lora(model)])
 
 
-def _spy(monkeypatch) -> list[int]:
-    """Counts the kv_cache path's calls, so a test knows that path ran."""
-    calls, impl = [], logprobs.PREFIX_IMPLS["kv_cache"]
-    monkeypatch.setitem(logprobs.PREFIX_IMPLS, "kv_cache", lambda *a: calls.append(1) or impl(*a))
+def _spy(monkeypatch, name: str) -> list[int]:
+    """Counts the calls of the path `name`, so a test knows that path ran."""
+    calls, impl = [], logprobs.PREFIX_IMPLS[name]
+    monkeypatch.setitem(logprobs.PREFIX_IMPLS, name, lambda *a: calls.append(1) or impl(*a))
     return calls
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_the_kv_cache_gives_the_plain_and_packed_values_and_gradients(attn, monkeypatch):
+def test_the_other_paths_give_the_plain_and_packed_values_and_gradients(attn, impl, monkeypatch):
     model, (ids, mask, keys) = _model(attn), _batch()
-    calls = _spy(monkeypatch)
+    calls = _spy(monkeypatch, impl)
     plain = _pass(model, ids, mask, None)
     packed = _pass(model, ids, mask, (keys, "packed"))
-    cached = _pass(model, ids, mask, (keys, "kv_cache"))
-    assert len(calls) == 2  # hidden states and log-probs, each through the cache
+    cached = _pass(model, ids, mask, (keys, impl))
+    assert len(calls) == 2  # hidden states and log-probs, each through the path
     m = mask.bool()
     for other in (plain, packed):
         for a, b in zip(cached[:3], other[:3]):
@@ -98,30 +101,34 @@ def test_the_kv_cache_gives_the_plain_and_packed_values_and_gradients(attn, monk
     assert plain[3].norm() > 0 and (cached[1][m] != 0).any()
 
 
-def test_padding_positions_are_finite_and_receive_no_gradient():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_padding_positions_are_finite_and_receive_no_gradient(impl):
     model, (ids, mask, keys) = _model("sdpa"), _batch()
-    h, lp, _, g = _pass(model, ids, mask, (keys, "kv_cache"))
+    h, lp, _, g = _pass(model, ids, mask, (keys, impl))
     assert torch.isfinite(h).all() and torch.isfinite(g).all()
     assert (lp[~mask.bool()] == 0).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("clusters", [[(1, 0, [9, 16]), (2, 0, [12, 5])], [(1, 12, [12, 12]), (2, 8, [8])]])
-def test_the_kv_cache_with_no_prefix_or_no_rest_anywhere(clusters):
-    """Every cluster's prefix empty (no cache pass) or every rest empty (no rest pass)."""
+def test_the_other_paths_with_no_prefix_or_no_rest_anywhere(clusters, impl):
+    """Every cluster's prefix empty (no cache pass, no prefix segment) or every rest empty (no rest pass, no
+    rest segment)."""
     model, (ids, mask, keys) = _model("sdpa"), _batch(clusters, T=20)
-    plain, cached = _pass(model, ids, mask, None), _pass(model, ids, mask, (keys, "kv_cache"))
+    plain, cached = _pass(model, ids, mask, None), _pass(model, ids, mask, (keys, impl))
     m = mask.bool()
     assert (cached[1] - plain[1])[m].abs().max().item() < TOL
     assert ((cached[3] - plain[3]).norm() / plain[3].norm()).item() < TOL
 
 
-def test_under_bfloat16_the_kv_cache_gives_the_plain_values_within_its_rounding():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_under_bfloat16_the_other_paths_give_the_plain_values_within_its_rounding(impl):
     model, (ids, mask, keys) = _model("sdpa"), _batch()
     m = mask.bool()
     f32 = _pass(model, ids, mask, None)
-    runs = {impl: _pass(model, ids, mask, (keys, impl), "bfloat16") for impl in ("packed", "kv_cache")}
+    runs = {name: _pass(model, ids, mask, (keys, name), "bfloat16") for name in ("packed", impl)}
     runs["plain"] = _pass(model, ids, mask, None, "bfloat16")
-    cached = runs["kv_cache"]
+    cached = runs[impl]
     assert TOL < (cached[1] - f32[1])[m].abs().max().item()  # it ran in bfloat16
     for other in (f32, runs["plain"], runs["packed"]):
         for a, b in zip(cached[:3], other[:3]):
@@ -130,16 +137,49 @@ def test_under_bfloat16_the_kv_cache_gives_the_plain_values_within_its_rounding(
         assert cos > 0.99 and ((cached[3] - other[3]).norm() / other[3].norm()).item() < BF16_TOL
 
 
-def test_the_kv_cache_refuses_what_cannot_carry_its_cache():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_other_paths_refuse_activation_checkpointing_and_flash_kernels(impl):
     model, (ids, mask, keys) = _model("sdpa"), _batch()
     model.get_base_model().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     with pytest.raises(ValueError, match="model.gradient_checkpointing"):
-        hidden_states(model, ids, mask, (keys, "kv_cache"))
-    with torch.no_grad():  # no backward to replay: the cache is kept, and the pass runs
-        hidden_states(model, ids, mask, (keys, "kv_cache"))
+        hidden_states(model, ids, mask, (keys, impl))
+    with torch.no_grad():  # no backward to replay: the pass runs
+        hidden_states(model, ids, mask, (keys, impl))
     model = _model("sdpa")
     model.get_base_model().get_decoder().config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match=r"train.learner.shared_prefix needs an attention that takes a 4D mask"):
-        hidden_states(model, ids, mask, (keys, "kv_cache"))
+        hidden_states(model, ids, mask, (keys, impl))
     with pytest.raises(ValueError, match="train.learner.prefix_impl must be one of"):
         hidden_states(_model("sdpa"), ids, mask, (keys, "paged"))
+
+
+def test_the_segmented_attention_is_switched_on_for_its_call_only():
+    """The decoder's config names sdpa again after a segmented pass, also one that fails inside the decoder; a
+    plain pass afterwards is the plain pass bit for bit; sliding-window layers are refused."""
+    model, (ids, mask, keys) = _model("sdpa"), _batch()
+    config = model.get_base_model().get_decoder().config
+    before = _pass(model, ids, mask, None)
+    _pass(model, ids, mask, (keys, "segmented"))
+    assert config._attn_implementation == "sdpa"
+    with pytest.raises(IndexError):  # a token id past the vocabulary fails in the embedding
+        hidden_states(model, ids.masked_fill(mask.bool(), VOCAB + 5), mask, (keys, "segmented"))
+    assert config._attn_implementation == "sdpa"
+    for a, b in zip(before, _pass(model, ids, mask, None)):
+        assert torch.equal(a, b)
+    config.layer_types = ["sliding_attention"] * len(config.layer_types)
+    with pytest.raises(ValueError, match="full attention in every layer"):
+        hidden_states(model, ids, mask, (keys, "segmented"))
+
+
+def test_the_segmented_attention_takes_no_mask_and_no_dropout():
+    from harness.model.segmented import SEGMENTS_KW, Segments, segmented_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    seg = Segments([(2, [(2, 4)])], 4)
+    assert segmented_attention(torch.nn.Module(), q, q, q, None, **{SEGMENTS_KW: seg})[0].shape == (1, 4, 2, 8)
+    with pytest.raises(TypeError, match="no mask"):
+        segmented_attention(torch.nn.Module(), q, q, q, torch.zeros(1, 1, 4, 4), **{SEGMENTS_KW: seg})
+    with pytest.raises(TypeError, match="Segments"):
+        segmented_attention(torch.nn.Module(), q, q, q, None)
+    with pytest.raises(ValueError, match="dropout"):
+        segmented_attention(torch.nn.Module(), q, q, q, None, dropout=0.1, **{SEGMENTS_KW: seg})

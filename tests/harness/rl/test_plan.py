@@ -179,7 +179,7 @@ def _logprobs_and_grads(t, batch, cfg, prefix: str | None, plan=DEFAULT_PLAN):
     return lp, ent, torch.cat([p.grad.flatten() for p in t.policy.actor_parameters()])
 
 
-@pytest.mark.parametrize("impl", ["packed", "kv_cache"])
+@pytest.mark.parametrize("impl", ["packed", "segmented", "kv_cache"])
 @pytest.mark.parametrize("layout,constrain", [("concatenated", False), ("concatenated", True), ("per-step", False)])
 def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env, layout, constrain, impl):
     raw = raw_config({**GRPO, "layout": layout, "constrain": constrain})
@@ -198,7 +198,7 @@ def test_the_shared_prefix_gives_the_plain_log_probs_entropies_and_gradients(env
 
 
 # the plan/* keys a run with a shared prefix logged before train.learner.prefix_impl existed: packed runs
-# keep exactly these (their metrics.jsonl byte for byte), kv_cache runs add plan/prefix_kv_cache
+# keep exactly these (their metrics.jsonl byte for byte), kv_cache and segmented runs add plan/prefix_<impl>
 PLAN_KEYS = {
     "plan/behaviour_recomputed",
     "plan/behaviour_first_forward",
@@ -209,7 +209,7 @@ PLAN_KEYS = {
 }
 
 
-@pytest.mark.parametrize("impl", ["packed", "kv_cache"])
+@pytest.mark.parametrize("impl", ["packed", "segmented", "kv_cache"])
 def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
     cfg = learner_cfg(shared_prefix=True, prefix_impl=impl)
     plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
@@ -223,8 +223,8 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
     assert (shared_w - plain_w).abs().max().item() < 1e-5 < (plain_w - start).abs().max().item()
     assert shared["plan/shared_prefix"] == 1
     logged = {k for k in shared if k.startswith("plan/")}
-    assert logged == (PLAN_KEYS if impl == "packed" else PLAN_KEYS | {"plan/prefix_kv_cache"})
-    assert shared.get("plan/prefix_kv_cache", 0) == (impl == "kv_cache")
+    assert logged == (PLAN_KEYS if impl == "packed" else PLAN_KEYS | {f"plan/prefix_{impl}"})
+    assert shared.get(f"plan/prefix_{impl}", 1) == 1
     # micro-batches are whole groups, each one packed sequence: under a budget smaller than any row, the
     # plain path gives each trajectory a pass of its own, the shared prefix each group
     rows = torch.arange(batch.num_rows)
@@ -239,7 +239,7 @@ def test_the_shared_prefix_update_gives_the_plain_loss_and_step(env, impl):
 BF16_TOL = 0.1
 
 
-@pytest.mark.parametrize("prefix", [None, "packed", "kv_cache"])
+@pytest.mark.parametrize("prefix", [None, "packed", "segmented", "kv_cache"])
 def test_bfloat16_compute_gives_the_float32_log_probs_and_gradients_within_its_rounding(env, prefix):
     impl = {"prefix_impl": prefix} if prefix else {}
     cfg = learner_cfg(precision="bfloat16", shared_prefix=prefix is not None, **impl)
@@ -308,7 +308,7 @@ def test_a_bfloat16_update_gives_the_float32_loss_and_step_within_its_rounding(e
     assert 0 < (low_w - plain_w).norm() < 0.25 * (plain_w - start).norm() and cos > 0.97, cos
 
 
-@pytest.mark.parametrize("prefix", [None, "packed", "kv_cache"])
+@pytest.mark.parametrize("prefix", [None, "packed", "segmented", "kv_cache"])
 def test_cached_bfloat16_weights_give_autocast_s_log_probs_and_gradients_bit_for_bit(env, prefix):
     impl = {"prefix_impl": prefix} if prefix else {}
     cfg = learner_cfg(precision="bfloat16", shared_prefix=prefix is not None, **impl)
