@@ -152,8 +152,8 @@ class LearnerConfig(Strict):
         "P^2 + G*R*(P + R), the rest is the packed path's. kv_cache: the prefixes run once with a key-value "
         "cache kept in the autograd graph, then every row's rest runs on a copy of its group's cache; attention "
         "costs G*R*(P + R), the prefix's keys and values are held once per row. Same values up to float "
-        "rounding. Only with shared_prefix: true; packed and kv_cache need sdpa or eager attention; segmented "
-        "and kv_cache refuse model.gradient_checkpointing.",
+        "rounding. Only with shared_prefix: true and sdpa or eager attention; segmented and kv_cache refuse "
+        "model.gradient_checkpointing.",
     )
 
     precision: Literal["float32", "bfloat16"] = F(
