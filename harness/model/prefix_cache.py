@@ -23,15 +23,14 @@ def _additive(see: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(see.shape, dtype=dtype, device=see.device).masked_fill_(~see, torch.finfo(dtype).min)
 
 
-def _refuse_checkpointing(decoder: nn.Module) -> None:
-    """Under activation checkpointing transformers drops the cache of every layer (use_cache=False) in a
-    training forward with gradients: the rests would then see no prefix at all."""
+def refuse_checkpointing(decoder: nn.Module, impl: str, why: str) -> None:
+    """train.learner.prefix_impl `impl` cannot run a training forward under activation checkpointing, for the
+    reason `why`: raise where it would (a pass without gradients replays nothing and runs)."""
     checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
     if checkpointed and decoder.training and torch.is_grad_enabled():
         raise ValueError(
-            "train.learner.prefix_impl 'kv_cache' with model.gradient_checkpointing: true: checkpointed layers "
-            "keep no cache, so the rows' rests would not see their prefix; set model.gradient_checkpointing: "
-            "false or train.learner.prefix_impl: packed"
+            f"train.learner.prefix_impl {impl!r} with model.gradient_checkpointing: true: {why}; set "
+            "model.gradient_checkpointing: false or train.learner.prefix_impl: packed"
         )
 
 
@@ -85,7 +84,10 @@ def kv_cache_hidden_states(
     """Last hidden states (B, T, H) of the right-padded rows `input_ids` (B, T) with real `lengths` (B,), on the
     CPU), each cluster (its rows, the length P of their common prefix) running its prefix once (module
     docstring). Positions past a row's length get a finite placeholder (slot 0); every caller masks them."""
-    _refuse_checkpointing(decoder)
+    # under checkpointing transformers drops the cache of every layer (use_cache=False) in a training forward
+    refuse_checkpointing(
+        decoder, "kv_cache", "checkpointed layers keep no cache, so the rows' rests would not see their prefix"
+    )
     dev, dtype = input_ids.device, next(decoder.parameters()).dtype
     B = input_ids.shape[0]
     prefix = torch.tensor([P for _, P in clusters])  # (C,)

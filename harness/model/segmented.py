@@ -34,6 +34,8 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
+from harness.model.prefix_cache import refuse_checkpointing
+
 ATTN_NAME = "harness_segmented"
 SEGMENTS_KW = "harness_segments"  # the decoder call's keyword that carries them to the attention
 
@@ -118,13 +120,11 @@ def _attention_switched(decoder: nn.Module):
 
 def refuse(decoder: nn.Module) -> None:
     """Raise where the segmented attention would compute something other than the packed path."""
-    checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
-    if checkpointed and decoder.training and torch.is_grad_enabled():
-        raise ValueError(
-            "train.learner.prefix_impl 'segmented' with model.gradient_checkpointing: true: checkpointed layers "
-            "recompute their attention in backward, after the segmented attention is switched off; set "
-            "model.gradient_checkpointing: false or train.learner.prefix_impl: packed"
-        )
+    refuse_checkpointing(
+        decoder,
+        "segmented",
+        "checkpointed layers recompute their attention in backward, after the segmented attention is switched off",
+    )
     kinds = set(getattr(decoder.config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise ValueError(
