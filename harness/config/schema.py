@@ -158,6 +158,11 @@ class RunConfig(Strict):
         problem = learner_problem(self)
         if problem:
             raise ValueError(problem)
+        if self.rollout.share_prefix and self.rollout.backend != "hf":
+            raise ValueError(
+                f"rollout.share_prefix: true with rollout.backend = {self.rollout.backend!r}: the prefill is shared "
+                "by our growing-cache engine only; set rollout.backend: hf or rollout.share_prefix: false"
+            )
         if self.rollout.backend == "vllm":
             problem = vllm_backend_problem(self)
             if problem:

@@ -65,6 +65,13 @@ class RolloutConfig(Strict):
     top_p: float = F(1.0, "Nucleus sampling.", gt=0, le=1)
     max_new_tokens: int = F(16, "Token limit of one action; reaching it counts as overflow.", ge=1, le=MAX_TOKENS)
     constrain: bool = F(False, "Constrain decoding to the admissible actions where the env lists them.")
+    share_prefix: bool = F(
+        False,
+        "Rows whose first prefill is the same token list (a group's members: system prompt, instructions, first "
+        "observation) run it once, and the cache is copied to each of them (harness.rl.engines.hf.prefill_shared; "
+        "docs/trainer.md#shared-prefix). Row for row the same computation on fewer rows: on this project's CPU "
+        "the same logits bit for bit (tested within float rounding); only with rollout.backend: hf.",
+    )
     stop: Literal["eot", "line"] = F(
         "eot",
         "Where an action ends. eot: at the end-of-turn token (or rollout.max_new_tokens). line: also at the end "

@@ -37,7 +37,7 @@ import torch
 from harness.config.schema import RunConfig
 from harness.rl.engines import kv_batch
 from harness.rl.engines.base import KVEngine, TurnOutput
-from harness.rl.engines.hf import KVBatch
+from harness.rl.engines.hf import KVBatch, prefill_shared
 from harness.rl.sampling import ActionTrie, allowed_mask, draw
 from harness.rl.turns import final_turn_note
 from harness.transcript.chat import ChatFormat, LineEnds, first_line
@@ -84,6 +84,7 @@ def generate_turn(
     generator: torch.Generator | list[torch.Generator],
     line_ends: LineEnds | None = None,
     with_entropy: bool = False,
+    share: bool = False,
 ) -> TurnOutput:
     """Prefill `new_ids` (one segment per row) and sample one action per row.
 
@@ -91,8 +92,9 @@ def generate_turn(
     one number from its own stream per token it generates, so its tokens never depend on the other
     rows). line_ends (`rollout.stop: line`): a row also stops at the token that ends its first line
     of text, kept whole (docs/algorithms.md#chat-prompts). with_entropy: also each token's entropies
-    (`TurnOutput.entropy`, for train.learner.behaviour: sampler)."""
-    logits = kv.prefill(new_ids)  # (B, V)
+    (`TurnOutput.entropy`, for train.learner.behaviour: sampler). share (rollout.share_prefix, into an empty
+    cache): rows with the same segment prefill it once (`harness.rl.engines.hf.prefill_shared`)."""
+    logits = prefill_shared(kv, new_ids) if share else kv.prefill(new_ids)  # (B, V)
     B, V, dev = logits.shape[0], logits.shape[1], logits.device
     toks = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     lps, raws = torch.zeros(B, max_new_tokens, device=dev), torch.zeros(B, max_new_tokens, device=dev)
@@ -322,8 +324,10 @@ def collect(
                         model, cross, chat.pad_id, new_ids, tries, streams_now, sample, cfg.rollout.backend
                     )
                 else:
+                    # the cache is empty in the first turn, and in every turn of a context rebuilt each turn
+                    share = cfg.rollout.share_prefix and (t == 0 or not incremental)
                     out = generate_turn(
-                        kv, new_ids, tries, generator=streams_now, with_entropy=record_entropy, **sample
+                        kv, new_ids, tries, generator=streams_now, with_entropy=record_entropy, share=share, **sample
                     )
                 if timings is not None:
                     timings.append(

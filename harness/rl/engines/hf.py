@@ -101,3 +101,21 @@ class KVBatch:
     def prefill(self, new_ids: list[list[int]]) -> torch.Tensor:
         """Append a ragged list of segments, left-padded; logits after each row's last token."""
         return self.feed(*left_padded(new_ids, self.pad_id, self.device))
+
+
+def prefill_shared(kv: KVBatch, new_ids: list[list[int]]) -> torch.Tensor:
+    """`kv.prefill(new_ids)` into an empty cache, with rows whose segments are the same token list run once
+    (rollout.share_prefix): the distinct segments are prefilled as rows of their own, then every row takes a
+    copy of its segment's cache slots (`select` with repeats) and its logits. Each row computes what it
+    computes in the full batch, on fewer rows; the first prefill of a GRPO group's members is one row instead
+    of G (docs/trainer.md#shared-prefix)."""
+    if kv.mask.shape[1]:
+        raise ValueError("prefill_shared: the cache already holds tokens; the rows are no longer the same")
+    first: dict[tuple[int, ...], int] = {}
+    which = [first.setdefault(tuple(ids), len(first)) for ids in new_ids]
+    if len(first) == len(new_ids):
+        return kv.prefill(new_ids)
+    kv.reset(len(first))
+    logits = kv.prefill([list(ids) for ids in first])
+    kv.select(which)
+    return logits[torch.tensor(which, dtype=torch.long, device=logits.device)]

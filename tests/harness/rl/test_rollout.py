@@ -292,3 +292,66 @@ def test_with_real_vector_env(chat):
             else:
                 assert all(s.unconstrained_logprobs is not None for s in ep.steps)
                 assert all(s.action_text in ("up", "down", "left", "right") for s in ep.steps)
+
+
+# ----------------------------------------------------------------------------- rollout.share_prefix
+GROUPED = [(s, g) for g, s in enumerate((0, 4, 7)) for _ in range(3)]  # 3 groups of 3 rows of one task each
+
+
+@pytest.mark.parametrize("policy", ["full", "window"])
+def test_a_shared_first_prefill_gives_the_same_episodes(chat, policy, monkeypatch):
+    """rollout.share_prefix: a group's rows prefill their common first segment once (every turn's segment
+    under a context rebuilt each turn); the episodes are those of the plain prefill: the same tokens, and
+    log-probs within float rounding (on this project's CPU equal bit for bit)."""
+    model = eot_biased(chat)
+    plain_cfg = make_cfg(context__policy=policy, rollout__temperature=0.7)
+    shared_cfg = make_cfg(context__policy=policy, rollout__temperature=0.7, rollout__share_prefix=True)
+    import harness.rl.rollout as rollout
+
+    a = run(model, chat, GROUPED, plain_cfg)
+    rows, share = [], rollout.prefill_shared
+    monkeypatch.setattr(rollout, "prefill_shared", lambda kv, ids: rows.append(len(ids)) or share(kv, ids))
+    b = run(model, chat, GROUPED, shared_cfg)
+    assert rows[0] == len(GROUPED) and (len(rows) == 1) == (policy == "full")  # the first turn, or every turn
+    assert len({len(s.action_ids) for e in a for s in e.steps}) > 1 and max(e.num_turns for e in a) > 1
+    assert [s.action_ids for e in a for s in e.steps] == [s.action_ids for e in b for s in e.steps]
+    for ea, eb in zip(a, b):
+        for sa, sb in zip(ea.steps, eb.steps):
+            assert max(abs(x - y) for x, y in zip(sa.sampler_logprobs, sb.sampler_logprobs)) < 1e-5
+    if policy == "full":  # and the sampler's log-probs are still those of one full forward per episode
+        for ep in b:
+            seq, targets = concatenated(ep)
+            assert max_logprob_error(model, seq, targets, 0.7) < 1e-4
+
+
+def test_prefill_shared_runs_each_distinct_segment_once_into_an_empty_cache(chat):
+    from harness.rl.engines.hf import KVBatch, prefill_shared
+
+    model = tiny_model(len(chat.tokenizer))
+    rows = [[5, 6, 7], [5, 6, 7], [9, 8], [5, 6, 7], [9, 8]]
+    plain, shared = KVBatch(model, chat.pad_id), KVBatch(model, chat.pad_id)
+    plain.reset(len(rows))
+    shared.reset(len(rows))
+    fed = []
+    feed = shared.feed
+    shared.feed = lambda ids, real: fed.append(ids.shape[0]) or feed(ids, real)
+    with torch.no_grad():
+        lp, ls = plain.prefill(rows), prefill_shared(shared, rows)
+        assert fed == [2]  # two distinct segments, one row each
+        assert (lp - ls).abs().max().item() < 1e-5 and torch.equal(plain.mask, shared.mask)
+        assert torch.equal(plain.length, shared.length)
+        nxt = [[3], [4, 4], [3], [2], [7, 7, 7]]  # the rows part: each row's cache is its own copy
+        assert (plain.prefill(nxt) - shared.prefill(nxt)).abs().max().item() < 1e-5
+        with pytest.raises(ValueError, match="already holds tokens"):
+            prefill_shared(shared, rows)
+        distinct = KVBatch(model, chat.pad_id)
+        distinct.reset(2)
+        assert prefill_shared(distinct, [[1, 2], [2, 1]]).shape[0] == 2
+
+
+def test_share_prefix_is_refused_off_our_growing_cache_engine():
+    from harness.config.errors import ConfigError
+    from harness.config.loading import validate_run_config
+
+    with pytest.raises(ConfigError, match="rollout.share_prefix: true with rollout.backend = 'static'"):
+        validate_run_config({"rollout": {"share_prefix": True, "backend": "static"}}, "test")
