@@ -191,7 +191,7 @@ def _segmented_hidden_states(
     attention computed per segment instead of under the dense block mask (`harness.model.segmented`)."""
     dev = input_ids.device
     pid, ppos, _, src_row, src_pos, spans = _packed_layout(input_ids.cpu(), lengths, clusters)
-    h = segmented_decoder_call(decoder, pid.to(dev), ppos.to(dev), Segments(spans, pid.shape[1]))
+    h = segmented_decoder_call(decoder, pid.to(dev), ppos.to(dev), Segments(spans))
     return h[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
 
 

@@ -48,7 +48,6 @@ class Segments:
     (R, P + R) booleans) are built once per call and shared by every layer."""
 
     rows: list[tuple[int, list[tuple[int, int]]]]
-    length: int  # the packed length Lp (rows are right-padded to it)
     _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
     def rest_mask(self, P: int, R: int, device: torch.device) -> torch.Tensor:
@@ -81,7 +80,7 @@ def segmented_attention(
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    B, H, L, d = query.shape
+    _, H, L, d = query.shape
     rows = []
     for b, (P, spans) in enumerate(segments.rows):
         q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]

@@ -175,7 +175,7 @@ def test_the_segmented_attention_takes_no_mask_and_no_dropout():
     from harness.model.segmented import SEGMENTS_KW, Segments, segmented_attention
 
     q = torch.zeros(1, 2, 4, 8)
-    seg = Segments([(2, [(2, 4)])], 4)
+    seg = Segments([(2, [(2, 4)])])
     assert segmented_attention(torch.nn.Module(), q, q, q, None, **{SEGMENTS_KW: seg})[0].shape == (1, 4, 2, 8)
     with pytest.raises(TypeError, match="no mask"):
         segmented_attention(torch.nn.Module(), q, q, q, torch.zeros(1, 1, 4, 4), **{SEGMENTS_KW: seg})
