@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.config.training import LearnerConfig
+from harness.config.training import LearnerConfig, RolloutConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,12 +45,14 @@ def canonical_json(obj: Any) -> str:
 # committed records) stay what they were; any other value is hashed as usual.
 # A whole section at its default goes first; then single keys added to a section that was already
 # published with other values (train.learner's precision, logprob_positions and prefix_impl came after
-# runs with behaviour: sampler or shared_prefix: true had been written), each at its default.
+# runs with behaviour: sampler or shared_prefix: true had been written; rollout.share_prefix came after every
+# published run), each at its default.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, ...], object] = {
     ("train", "learner"): LearnerConfig().model_dump(mode="json"),  # harness.rl.plan
     ("train", "learner", "precision"): LearnerConfig().precision,
     ("train", "learner", "logprob_positions"): LearnerConfig().logprob_positions,
     ("train", "learner", "prefix_impl"): LearnerConfig().prefix_impl,
+    ("rollout", "share_prefix"): RolloutConfig().share_prefix,
 }
 
 

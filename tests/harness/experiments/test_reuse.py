@@ -98,3 +98,22 @@ def test_a_copied_point_logs_its_metrics_to_mlflow(tmp_path):
         rows = read_jsonl(tmp_path / "results" / "second" / point.id / "metrics.jsonl")
         history = client.get_metric_history(r.info.run_id, "env/success")
         assert [m.value for m in sorted(history, key=lambda m: m.step)] == [row["env/success"] for row in rows]
+
+
+def test_committed_runs_keep_their_point_ids_under_today_s_schema():
+    """A config key added after results were published, at the default that reproduces them, must leave their
+    hashes alone (provenance.HASH_NEUTRAL_DEFAULTS): every committed run of a sequential sweep, its config.yaml
+    loaded by today's schema (new keys filled with their defaults), hashes to the point id it was written under,
+    so a sweep finds, copies and resumes it instead of training it again."""
+    import yaml
+
+    from analysis.records import read_pack
+    from harness.config.loading import validate_run_config
+    from harness.experiments.provenance import config_hash
+
+    root = Path(__file__).resolve().parents[3]
+    _, files = read_pack(root / "results" / "process_reward.records.jsonl.gz")
+    configs = {p.split("/")[0]: t for p, t in files.items() if p.endswith("/config.yaml") and p.count("/") == 1}
+    assert len(configs) >= 40
+    for point, text in configs.items():
+        assert config_hash(validate_run_config(yaml.safe_load(text), point)) == point.rsplit("__", 1)[1], point
