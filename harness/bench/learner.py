@@ -26,6 +26,8 @@ from harness.bench.timing import NullLogger
 from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
+from harness.model.logprobs import PADDING_FREE, SEGMENTED_PADDING_FREE
+from harness.rl.batch import groups_shared
 from harness.rl.plan import DEFAULT_PLAN, cpu_bf16, make_plan
 from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
@@ -64,6 +66,17 @@ SIDES = {
         "shared_prefix": True,
         "prefix_impl": "segmented",
         "logprob_positions": "needed",
+    },
+    # every micro-batch as one packed row, nothing padded (train.learner.padding_free), on the default path and
+    # beside the segmented prefix
+    "padding_free": {"padding_free": True},
+    "needed+padding_free": {"logprob_positions": "needed", "padding_free": True},
+    "sampler+shared_prefix_seg+needed+padding_free": {
+        "behaviour": "sampler",
+        "shared_prefix": True,
+        "prefix_impl": "segmented",
+        "logprob_positions": "needed",
+        "padding_free": True,
     },
     "bf16+first_forward+shared_prefix_kv+needed": {
         "precision": "bfloat16",
@@ -204,9 +217,10 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, b
             k: {
                 "behaviour": p.behaviour,
                 "reference": p.reference,
-                # the two config keys as they read (prefix_impl packed where no prefix is shared)
-                "shared_prefix": p.prefix is not None,
-                "prefix_impl": p.prefix or "packed",
+                # the config keys as they read (prefix_impl packed where no prefix is shared)
+                "shared_prefix": groups_shared(p.prefix),
+                "prefix_impl": p.prefix.removesuffix("_padding_free") if groups_shared(p.prefix) else "packed",
+                "padding_free": p.prefix in (PADDING_FREE, SEGMENTED_PADDING_FREE),
                 "precision": p.precision,
                 "needed_positions": p.needed_positions,
             }

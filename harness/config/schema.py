@@ -269,8 +269,21 @@ def learner_problem(cfg: RunConfig) -> str | None:
 
 
 def prefix_impl_problem(cfg: RunConfig) -> str | None:
-    """Why train.learner.prefix_impl cannot run as written (None: it can)."""
+    """Why train.learner.prefix_impl or padding_free cannot run as written (None: it can)."""
     ln = cfg.train.learner
+    if ln.padding_free:
+        if ln.shared_prefix and ln.prefix_impl != "segmented":
+            return (
+                f"train.learner.padding_free = true with train.learner.prefix_impl = {ln.prefix_impl!r}: the "
+                "padding-free row computes attention per sequence, which only the segmented implementation does; "
+                "set train.learner.prefix_impl: segmented or train.learner.padding_free: false"
+            )
+        if cfg.model.gradient_checkpointing:
+            return (
+                "train.learner.padding_free = true with model.gradient_checkpointing = true: checkpointed layers "
+                "recompute their attention in backward, outside the call that computes it per sequence; set "
+                "model.gradient_checkpointing: false or train.learner.padding_free: false"
+            )
     if ln.prefix_impl == "packed":
         return None
     if not ln.shared_prefix:

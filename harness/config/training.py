@@ -163,6 +163,16 @@ class LearnerConfig(Strict):
         "model.gradient_checkpointing.",
     )
 
+    padding_free: bool = F(
+        False,
+        "Run each micro-batch of the learner's passes as one packed row with nothing padded: every row (or, with "
+        "shared_prefix and prefix_impl segmented, every group's packed sequence) end to end, each with its own "
+        "positions, and each layer's attention computed per sequence (docs/trainer.md#padding-free). The "
+        "micro-batches stay the padded path's, so the work is the same minus the padding; values equal the "
+        "padded path's up to float rounding. Refuses model.gradient_checkpointing and the packed and kv_cache "
+        "prefix implementations.",
+    )
+
     precision: Literal["float32", "bfloat16"] = F(
         "float32",
         "Compute dtype of the learner's passes (behaviour, reference, training forward and backward). bfloat16: "
@@ -191,6 +201,7 @@ class LearnerConfig(Strict):
             and self.precision == "float32"
             and self.logprob_positions == "all"
             and self.prefix_impl == "packed"
+            and not self.padding_free
         )
 
 

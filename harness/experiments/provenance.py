@@ -44,7 +44,7 @@ def canonical_json(obj: Any) -> str:
 # byte: at their default they are left out of the hash, so the point ids of every earlier run (and the
 # committed records) stay what they were; any other value is hashed as usual.
 # A whole section at its default goes first; then single keys added to a section that was already
-# published with other values (train.learner's precision, logprob_positions and prefix_impl came after
+# published with other values (train.learner's precision, logprob_positions, prefix_impl and padding_free came after
 # runs with behaviour: sampler or shared_prefix: true had been written; rollout.share_prefix came after every
 # published run), each at its default.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, ...], object] = {
@@ -52,6 +52,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, ...], object] = {
     ("train", "learner", "precision"): LearnerConfig().precision,
     ("train", "learner", "logprob_positions"): LearnerConfig().logprob_positions,
     ("train", "learner", "prefix_impl"): LearnerConfig().prefix_impl,
+    ("train", "learner", "padding_free"): LearnerConfig().padding_free,
     ("rollout", "share_prefix"): RolloutConfig().share_prefix,
 }
 

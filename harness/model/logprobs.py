@@ -23,6 +23,8 @@ attention mask, so left- and right-padded batches give the same values.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -69,7 +71,9 @@ def hidden_states(
 ) -> torch.Tensor:
     """Last hidden states of the backbone, (B, T, H). Shared by log-probs and the value head.
     prefix (keys (B,), impl), optional: rows with the same key run their common prefix once, computed as
-    `impl` (a key of `PREFIX_IMPLS`) says (`shared_prefix_hidden_states`); None: every row in full."""
+    `impl` (a key of `PREFIX_IMPLS` or `PADDING_FREE_LAYOUTS`) says (`shared_prefix_hidden_states`; the
+    padding-free layouts pack the clusters end to end in one row, a row with a key of its own being a sequence
+    alone); None: every row in full."""
     if prefix is not None:
         return shared_prefix_hidden_states(model, input_ids, attention_mask, *prefix)
     decoder, _ = backbone_and_head(model)
@@ -113,7 +117,9 @@ def shared_prefix_hidden_states(
 
     The rows of one key (the members of a GRPO group: system prompt, instructions, first observation) form a
     cluster; `impl` (train.learner.prefix_impl) says how its prefix is shared: packed (`_packed_hidden_states`,
-    Prefix Grouper's packed sequence) or kv_cache (`harness.model.prefix_cache`). Either way every row's
+    Prefix Grouper's packed sequence), segmented (the same sequence, attention per segment) or kv_cache
+    (`harness.model.prefix_cache`); the padding-free layouts (`PADDING_FREE_LAYOUTS`) put every cluster of the
+    call end to end in one segmented row (train.learner.padding_free). Either way every row's
     hidden states come back as (B, T, H), so log-probs, values and their gradients read them as from the
     plain pass (the prefix's gradient sums over the rows that share it), equal to it up to float rounding.
     Rows are right-padded (the batch layout); positions past a row's length get a placeholder hidden state
@@ -124,7 +130,7 @@ def shared_prefix_hidden_states(
         raise ValueError(
             f"train.learner.shared_prefix needs an attention that takes a 4D mask (sdpa or eager), not {attn!r}"
         )
-    if impl not in PREFIX_IMPLS:
+    if impl not in PREFIX_IMPLS and impl not in PADDING_FREE_LAYOUTS:
         raise ValueError(f"train.learner.prefix_impl must be one of {sorted(PREFIX_IMPLS)}, not {impl!r}")
     ids, lengths = input_ids.cpu(), attention_mask.sum(1).cpu()
     if not bool((attention_mask.cpu().bool() == (torch.arange(ids.shape[1])[None] < lengths[:, None])).all()):
@@ -134,33 +140,43 @@ def shared_prefix_hidden_states(
     for r, k in enumerate(keys):
         rows_of.setdefault(k, []).append(r)
     clusters = [(rows, common_prefix(ids[rows], lengths[rows])) for rows in rows_of.values()]
-    return PREFIX_IMPLS[impl](decoder, input_ids, lengths, clusters)
+    return (PREFIX_IMPLS.get(impl) or PADDING_FREE_LAYOUTS[impl])(decoder, input_ids, lengths, clusters)
 
 
-def _packed_layout(ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]):
+def _packed_layout(
+    ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]], one_row: bool = False
+):
     """Prefix Grouper's packed rows, one per cluster (its rows, their common prefix length): [prefix, rest of
-    row 1, rest of row 2, ...], right-padded to the longest. Returns, on the CPU, the packed ids and positions
-    (Bp, Lp), each packed token's member (Bp, Lp; -1 the prefix, -2 padding), each row's source of its
-    positions in the packed rows (src_row, src_pos: (B, T)) and, per packed row, its prefix length and the
-    [start, end) spans of its rests. Positions past a row's length point at its first token."""
+    row 1, rest of row 2, ...], right-padded to the longest; `one_row` (the padding-free layout): every cluster
+    end to end in a single packed row, nothing padded. Returns, on the CPU, the packed ids and positions
+    (Bp, Lp), each packed token's member (Bp, Lp; -1 the prefix, -2 padding; meaningful for one cluster per
+    row only), each row's source of its positions in the packed rows (src_row, src_pos: (B, T)) and, per
+    packed row, its clusters as `harness.model.segmented.Segments` lists them: (start, prefix length, the
+    [start, end) spans of its rests). Positions past a row's length point at its first token."""
     packs = [_pack(ids, lengths, rows, P) for rows, P in clusters]
-    Lp = max(len(p[0]) for p in packs)
-    Bp, T = len(packs), ids.shape[1]
+    sizes = [len(p[0]) for p in packs]
+    if one_row:
+        place = [(0, sum(sizes[:c])) for c in range(len(packs))]  # (packed row, offset) of each cluster
+        Bp, Lp = 1, sum(sizes)
+    else:
+        place = [(c, 0) for c in range(len(packs))]
+        Bp, Lp = len(packs), max(sizes)
+    T = ids.shape[1]
     pid = torch.zeros(Bp, Lp, dtype=ids.dtype)
     ppos = torch.zeros(Bp, Lp, dtype=torch.long)
     member = torch.full((Bp, Lp), -2)  # -2: padding, which sees only itself
     src_row, src_pos = torch.zeros(ids.shape[0], T, dtype=torch.long), torch.zeros(ids.shape[0], T, dtype=torch.long)
-    spans = []
-    for b, ((tok, pos, mem, where), (rows, P)) in enumerate(zip(packs, clusters)):
+    spans: list[list[tuple[int, int, list[tuple[int, int]]]]] = [[] for _ in range(Bp)]
+    for (tok, pos, mem, where), (rows, P), (b, off) in zip(packs, clusters, place):
         n = len(tok)
-        pid[b, :n], ppos[b, :n], member[b, :n] = tok, pos, mem
-        at, own = P, []
+        pid[b, off : off + n], ppos[b, off : off + n], member[b, off : off + n] = tok, pos, mem
+        at, own = off + P, []
         for r, w in zip(rows, where):
             src_row[r] = b
-            src_pos[r, : len(w)] = w
+            src_pos[r, : len(w)] = w + off
             own.append((at, at + len(w) - P))
             at += len(w) - P
-        spans.append((P, own))
+        spans[b].append((off, P, own))
     return pid, ppos, member, src_row, src_pos, spans
 
 
@@ -185,12 +201,17 @@ def _packed_hidden_states(
 
 
 def _segmented_hidden_states(
-    decoder: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor, clusters: list[tuple[list[int], int]]
+    decoder: nn.Module,
+    input_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    clusters: list[tuple[list[int], int]],
+    one_row: bool = False,
 ) -> torch.Tensor:
     """train.learner.prefix_impl segmented: the packed path's rows, positions and gather, with each layer's
-    attention computed per segment instead of under the dense block mask (`harness.model.segmented`)."""
+    attention computed per segment instead of under the dense block mask (`harness.model.segmented`).
+    one_row (train.learner.padding_free): all clusters end to end in one packed row, nothing padded."""
     dev = input_ids.device
-    pid, ppos, _, src_row, src_pos, spans = _packed_layout(input_ids.cpu(), lengths, clusters)
+    pid, ppos, _, src_row, src_pos, spans = _packed_layout(input_ids.cpu(), lengths, clusters, one_row)
     h = segmented_decoder_call(decoder, pid.to(dev), ppos.to(dev), Segments(spans))
     return h[src_row.to(dev), src_pos.to(dev)]  # (B, T, H)
 
@@ -200,6 +221,14 @@ PREFIX_IMPLS = {
     "packed": _packed_hidden_states,
     "segmented": _segmented_hidden_states,
     "kv_cache": kv_cache_hidden_states,
+}
+# train.learner.padding_free: a micro-batch's clusters end to end in one packed row under the segmented attention;
+# PADDING_FREE with every row its own cluster (no shared prefix), SEGMENTED_PADDING_FREE with a group's rows
+# sharing their prefix (prefix_impl segmented). The update plan's `prefix` names one of these or of PREFIX_IMPLS.
+PADDING_FREE, SEGMENTED_PADDING_FREE = "padding_free", "segmented_padding_free"
+PADDING_FREE_LAYOUTS = {
+    PADDING_FREE: partial(_segmented_hidden_states, one_row=True),
+    SEGMENTED_PADDING_FREE: partial(_segmented_hidden_states, one_row=True),
 }
 
 
@@ -385,6 +414,9 @@ __all__ = [
     "hidden_states",
     "shared_prefix_hidden_states",
     "PREFIX_IMPLS",
+    "PADDING_FREE_LAYOUTS",
+    "PADDING_FREE",
+    "SEGMENTED_PADDING_FREE",
     "common_prefix",
     "backbone_and_head",
     "position_ids",

@@ -42,13 +42,28 @@ SEGMENTS_KW = "harness_segments"  # the decoder call's keyword that carries them
 
 @dataclass
 class Segments:
-    """Where each packed row's segments lie: per row b, its prefix length and its rests' [start, end) spans.
+    """Where each packed row's segments lie: per packed row b, its clusters, each (start, P, rests): a prefix of P
+    tokens at [start, start + P) and the [s, e) spans of the rests that read it, laid end to end from the row's
+    first token. One cluster per row is Prefix Grouper's layout; several are the padding-free layout
+    (train.learner.padding_free), where a cluster with no rests is a sequence of its own.
 
     Stands in for the attention mask in the decoder call; the masks of the rests (lower-right causal,
     (R, P + R) booleans) are built once per call and shared by every layer."""
 
-    rows: list[tuple[int, list[tuple[int, int]]]]
+    rows: list[list[tuple[int, int, list[tuple[int, int]]]]]
     _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for b, clusters in enumerate(self.rows):
+            at = 0
+            for start, P, spans in clusters:
+                if start != at or P < 0:
+                    raise ValueError(f"Segments: packed row {b}'s cluster at {start} does not follow on from {at}")
+                at = start + P
+                for s, e in spans:
+                    if s != at or e < s:
+                        raise ValueError(f"Segments: packed row {b}'s span [{s}, {e}) does not follow on from {at}")
+                    at = e
 
     def rest_mask(self, P: int, R: int, device: torch.device) -> torch.Tensor:
         """(R, P + R) booleans: query j sees the prefix's P keys and the rest's keys 0..j."""
@@ -82,20 +97,21 @@ def segmented_attention(
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     _, H, L, d = query.shape
     rows = []
-    for b, (P, spans) in enumerate(segments.rows):
+    for b, clusters in enumerate(segments.rows):
         q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]
-        parts = []
-        if P:
-            pre = F.scaled_dot_product_attention(q[:, :, :P], k[:, :, :P], v[:, :, :P], is_causal=True, scale=scaling)
-            parts.append(pre)
-        end = P
-        for s, e in spans:
-            if e == s:
-                continue
-            ks, vs = torch.cat([k[:, :, :P], k[:, :, s:e]], 2), torch.cat([v[:, :, :P], v[:, :, s:e]], 2)
-            mask = segments.rest_mask(P, e - s, query.device)
-            parts.append(F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, attn_mask=mask, scale=scaling))
-            end = e
+        parts, end = [], 0
+        for a, P, spans in clusters:
+            kp, vp = k[:, :, a : a + P], v[:, :, a : a + P]
+            if P:
+                parts.append(F.scaled_dot_product_attention(q[:, :, a : a + P], kp, vp, is_causal=True, scale=scaling))
+            end = a + P
+            for s, e in spans:
+                if e == s:
+                    continue
+                ks, vs = torch.cat([kp, k[:, :, s:e]], 2), torch.cat([vp, v[:, :, s:e]], 2)
+                mask = segments.rest_mask(P, e - s, query.device)
+                parts.append(F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, attn_mask=mask, scale=scaling))
+                end = e
         if end < L:
             parts.append(query.new_zeros(1, H, L - end, d))
         rows.append(torch.cat(parts, 2))

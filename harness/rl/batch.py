@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.model.logprobs import common_prefix
+from harness.model.logprobs import PADDING_FREE, common_prefix
 from harness.transcript.records import Episode
 
 LONG = torch.long
@@ -73,9 +73,21 @@ def prefix_keys(batch: TrainBatch) -> torch.Tensor:
 
 def model_prefix(batch: TrainBatch, prefix: str | None) -> tuple[torch.Tensor, str] | None:
     """The model's `prefix` argument (harness.model.logprobs.hidden_states) for the rows of `batch`: their
-    `prefix_keys` (B,) and `prefix`, the update plan's implementation (train.learner.prefix_impl), or None
-    where the plan shares no prefix (train.learner.shared_prefix false)."""
-    return None if prefix is None else (prefix_keys(batch), prefix)
+    `prefix_keys` (B,) and `prefix`, the update plan's layout (train.learner.prefix_impl, padding_free), or None
+    where the plan shares no prefix and pads (the default). Under the padding-free layout without a shared
+    prefix every row is a key of its own: a sequence alone in the packed row."""
+    if prefix is None:
+        return None
+    if prefix == PADDING_FREE:
+        return torch.arange(batch.num_rows), prefix
+    return prefix_keys(batch), prefix
+
+
+def groups_shared(prefix: str | None) -> bool:
+    """Whether the update plan's layout `prefix` shares a group's prefix, so that micro-batches hold whole
+    groups (`prefix_units`); the plain padded layout and the padding-free one without a shared prefix keep
+    the rows' own micro-batches."""
+    return prefix is not None and prefix != PADDING_FREE
 
 
 def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | None = None):

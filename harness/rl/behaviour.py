@@ -21,7 +21,7 @@ from algorithms.utils import turn_rewards_to_tokens
 from harness.config.schema import RunConfig
 from harness.model.logprobs import hidden_states, logprobs_from_hidden, token_logprobs
 from harness.model.policy import values_from_hidden
-from harness.rl.batch import TrainBatch, model_prefix, pack_units, prefix_units, row_groups
+from harness.rl.batch import TrainBatch, groups_shared, model_prefix, pack_units, prefix_units, row_groups
 from harness.rl.losses import head_positions, on_device, policy_forward
 from harness.rl.plan import DEFAULT_PLAN, UpdatePlan
 
@@ -43,8 +43,8 @@ class Forward:
 def forward_slices(batch: TrainBatch, size: int, tokens: int, prefix: str | None = None) -> list[torch.Tensor]:
     """Row groups of a no-gradient pass: `size` rows in order, or packed by length under a token budget
     (algo.micro_batch_tokens; rows are independent here, so each row is its own unit). With a shared
-    prefix (`prefix` not None, the update plan's), whole groups packed by their packed length (`prefix_units`)."""
-    if prefix is not None:
+    prefix (`prefix` shares groups, the update plan's), whole groups packed by their packed length (`prefix_units`)."""
+    if groups_shared(prefix):
         units, lengths = prefix_units(batch, list(range(batch.num_rows)))
         return [torch.tensor(sorted(g)) for g in pack_units(units, lengths, size, tokens)]
     lengths = [int(x) for x in batch.attention_mask.sum(1).tolist()]

@@ -20,6 +20,10 @@ values. The plan says which of them run and where the behaviour log-probs come f
                says how: one packed sequence per group, or the prefix's key-value cache under each row's rest.
                The plan holds the two as one value, `UpdatePlan.prefix`: the implementation's name, None
                where no prefix is shared; the learner's functions take it as their `prefix` argument.
+    padding free  train.learner.padding_free: each micro-batch runs as one packed row, nothing padded, its
+               attention per sequence (harness.model.segmented); `UpdatePlan.prefix` then names the layout
+               "padding_free" (rows alone) or "segmented_padding_free" (groups sharing their prefix), and
+               the micro-batches stay those of the padded path (harness.rl.batch.groups_shared).
 
     positions  train.learner.logprob_positions: needed runs the lm_head only where the update reads a log-prob.
     precision  train.learner.precision: bfloat16 runs those passes and the training forward under autocast
@@ -39,8 +43,9 @@ import torch
 
 from harness.config.errors import warn
 from harness.config.schema import RunConfig
+from harness.model.logprobs import PADDING_FREE, SEGMENTED_PADDING_FREE
 from harness.model.precision import frozen_linears_in
-from harness.rl.batch import TrainBatch
+from harness.rl.batch import TrainBatch, groups_shared
 
 
 @dataclass(frozen=True)
@@ -61,13 +66,16 @@ class UpdatePlan:
             "plan/behaviour_recomputed": torch.tensor(float(self.behaviour == "recompute")),
             "plan/behaviour_first_forward": torch.tensor(float(self.behaviour == "first_forward")),
             "plan/reference": torch.tensor(float(self.reference)),
-            "plan/shared_prefix": torch.tensor(float(self.prefix is not None)),
+            "plan/shared_prefix": torch.tensor(float(groups_shared(self.prefix))),
             "plan/bf16": torch.tensor(float(self.precision == "bfloat16")),
             "plan/needed_positions": torch.tensor(float(self.needed_positions)),
         }
-        # only runs that set another prefix_impl log it: packed runs keep their metrics byte for byte
-        if self.prefix in ("kv_cache", "segmented"):
-            out[f"plan/prefix_{self.prefix}"] = torch.tensor(1.0)
+        # only runs that set another prefix_impl, or padding_free, log it: the others keep their metrics byte
+        # for byte
+        if self.prefix in ("kv_cache", "segmented", SEGMENTED_PADDING_FREE):
+            out[f"plan/prefix_{self.prefix.removesuffix('_padding_free')}"] = torch.tensor(1.0)
+        if self.prefix in (PADDING_FREE, SEGMENTED_PADDING_FREE):
+            out["plan/padding_free"] = torch.tensor(1.0)
         return out
 
     def compute(self, model: torch.nn.Module) -> AbstractContextManager:
@@ -116,6 +124,14 @@ def check_precision(cfg: RunConfig, device: torch.device | str) -> None:
         )
 
 
+def layout(ln) -> str | None:
+    """The learner passes' layout (`UpdatePlan.prefix`) under train.learner `ln`: the shared prefix's
+    implementation, a padding-free layout, or None (rows padded, nothing shared)."""
+    if ln.padding_free:
+        return SEGMENTED_PADDING_FREE if ln.shared_prefix else PADDING_FREE
+    return ln.prefix_impl if ln.shared_prefix else None
+
+
 def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
     """The plan of update `update` (1-based) on `batch` under `cfg` (module docstring)."""
     ln = cfg.train.learner
@@ -124,7 +140,7 @@ def make_plan(cfg: RunConfig, update: int, batch: TrainBatch) -> UpdatePlan:
     return UpdatePlan(
         behaviour=ln.behaviour if recorded else "recompute",
         reference=ln.reference_every == 1 or (update - 1) % ln.reference_every == 0,
-        prefix=ln.prefix_impl if ln.shared_prefix else None,
+        prefix=layout(ln),
         logged=not ln.is_default,
         precision=ln.precision,
         needed_positions=ln.logprob_positions == "needed",

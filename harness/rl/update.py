@@ -25,7 +25,7 @@ from algorithms.utils import masked_mean
 from harness.config.errors import Diverged
 from harness.config.schema import RunConfig
 from harness.model.precision import casts_kept
-from harness.rl.batch import TrainBatch, pack_by_tokens, pack_units, prefix_units
+from harness.rl.batch import TrainBatch, groups_shared, pack_by_tokens, pack_units, prefix_units
 from harness.rl.behaviour import Forward, advantages, behaviour_forward
 from harness.rl.distill import distill_gap
 from harness.rl.losses import Denominators, head_positions, loss_terms, policy_forward
@@ -69,12 +69,13 @@ def _micro_batches(
     """Split `rows` into micro-batches of at most `size` rows, never splitting a trajectory
     (a trajectory longer than `size` rows gets a micro-batch of its own). With a token budget
     (`tokens` > 0, algo.micro_batch_tokens) whole trajectories are packed by length instead. With a
-    shared prefix (`prefix` not None, the update plan's), whole groups, each costing its packed length."""
+    shared prefix (`prefix` shares groups, the update plan's), whole groups, each costing its packed length.
+    The padding-free layout keeps these micro-batches (the same work as the padded rows, minus the padding)."""
     traj = _row_traj(batch)[rows]
     trajs: dict[int, list[int]] = {}  # positions in `rows` of each trajectory, whole units below
     for k, t in enumerate(traj.tolist()):
         trajs.setdefault(t, []).append(k)
-    if prefix is not None:
+    if groups_shared(prefix):
         units, lengths = prefix_units(batch, rows.tolist(), list(trajs.values()))
         return [rows[torch.tensor(sorted(p))] for p in pack_units(units, lengths, size, tokens)]
     if tokens > 0:

@@ -100,12 +100,22 @@ def test_learner_bench_times_every_plan_on_one_batch_and_their_losses_agree():
         "prefix_impl": "packed",
         "precision": "float32",
         "needed_positions": False,
+        "padding_free": False,
     }
     assert out["plans"]["plain"] == plain_plan
     assert out["plans"]["sampler+shared_prefix"] == {**plain_plan, "behaviour": "sampler", "shared_prefix": True}
     assert out["plans"]["bf16"] == {**plain_plan, "precision": "bfloat16"}
     assert out["plans"]["shared_prefix_kv"] == {**plain_plan, "shared_prefix": True, "prefix_impl": "kv_cache"}
     assert out["plans"]["shared_prefix_seg"] == {**plain_plan, "shared_prefix": True, "prefix_impl": "segmented"}
+    assert out["plans"]["padding_free"] == {**plain_plan, "padding_free": True}
+    assert out["plans"]["sampler+shared_prefix_seg+needed+padding_free"] == {
+        **plain_plan,
+        "behaviour": "sampler",
+        "shared_prefix": True,
+        "prefix_impl": "segmented",
+        "needed_positions": True,
+        "padding_free": True,
+    }
     assert out["train_tokens"] > out["trained_tokens"] > 0
     assert set(out["plans"]) | set(out["refused"]) == {"plain", *SIDES} and not set(out["plans"]) & set(out["refused"])
     if cfg.algo.epochs > 1 or cfg.algo.minibatches > 1:  # the on-policy shortcut needs a one-step update

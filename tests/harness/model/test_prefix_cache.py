@@ -175,7 +175,7 @@ def test_the_segmented_attention_takes_no_mask_and_no_dropout():
     from harness.model.segmented import SEGMENTS_KW, Segments, segmented_attention
 
     q = torch.zeros(1, 2, 4, 8)
-    seg = Segments([(2, [(2, 4)])])
+    seg = Segments([[(0, 2, [(2, 4)])]])
     assert segmented_attention(torch.nn.Module(), q, q, q, None, **{SEGMENTS_KW: seg})[0].shape == (1, 4, 2, 8)
     with pytest.raises(TypeError, match="no mask"):
         segmented_attention(torch.nn.Module(), q, q, q, torch.zeros(1, 1, 4, 4), **{SEGMENTS_KW: seg})
@@ -183,3 +183,76 @@ def test_the_segmented_attention_takes_no_mask_and_no_dropout():
         segmented_attention(torch.nn.Module(), q, q, q, None)
     with pytest.raises(ValueError, match="dropout"):
         segmented_attention(torch.nn.Module(), q, q, q, None, dropout=0.1, **{SEGMENTS_KW: seg})
+
+
+def test_segments_must_lie_end_to_end():
+    from harness.model.segmented import Segments
+
+    Segments([[(0, 2, [(2, 4), (4, 4)]), (4, 0, [(4, 9)]), (9, 3, [])]])  # a prefix-less cluster, a lone row
+    with pytest.raises(ValueError, match="does not follow on"):
+        Segments([[(0, 2, [(3, 5)])]])  # a gap after the prefix
+    with pytest.raises(ValueError, match="does not follow on"):
+        Segments([[(0, 2, []), (1, 2, [])]])  # overlapping clusters
+
+
+def _one_row_spy(monkeypatch) -> list[tuple[int, int]]:
+    """The (rows, length) of every packed batch the segmented decoder call runs."""
+    from harness.model import segmented
+
+    shapes, call = [], segmented.segmented_decoder_call
+
+    def spy(decoder, packed_ids, positions, segments):
+        shapes.append(tuple(packed_ids.shape))
+        return call(decoder, packed_ids, positions, segments)
+
+    monkeypatch.setattr(logprobs, "segmented_decoder_call", spy)
+    return shapes
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padding_free_rows_give_the_plain_values_and_gradients_from_one_unpadded_row(attn, monkeypatch):
+    """train.learner.padding_free without a shared prefix: every row its own sequence (a key of its own), all of
+    them end to end in one packed row as long as their real tokens; hidden states, log-probs, entropies and the
+    LoRA gradient equal the padded pass's within float rounding."""
+    model, (ids, mask, _) = _model(attn), _batch()
+    shapes = _one_row_spy(monkeypatch)
+    plain = _pass(model, ids, mask, None)
+    free = _pass(model, ids, mask, (torch.arange(ids.shape[0]), logprobs.PADDING_FREE))
+    assert shapes == [(1, int(mask.sum()))] * 2  # one row, nothing padded (the padded rows hold more slots)
+    assert int(mask.sum()) < mask.numel()
+    m = mask.bool()
+    for a, b in zip(free[:3], plain[:3]):
+        assert (a - b)[m].abs().max().item() < TOL
+    assert ((free[3] - plain[3]).norm() / plain[3].norm()).item() < TOL
+    assert (free[1][~m] == 0).all() and torch.isfinite(free[0]).all()
+
+
+def test_padding_free_groups_share_their_prefix_in_one_row(monkeypatch):
+    """With the segmented shared prefix: every group's packed sequence end to end in one row (each prefix once),
+    equal to the plain pass and to the segmented pass's one row per group."""
+    model, (ids, mask, keys) = _model("sdpa"), _batch()
+    shapes = _one_row_spy(monkeypatch)
+    plain = _pass(model, ids, mask, None)
+    per_group = _pass(model, ids, mask, (keys, "segmented"))
+    free = _pass(model, ids, mask, (keys, logprobs.SEGMENTED_PADDING_FREE))
+    packed_len = sum(P + sum(n - P for n in lengths) for _, P, lengths in CLUSTERS)
+    assert shapes[0][0] == len(CLUSTERS) and shapes[0][1] < packed_len  # one row per group, padded
+    assert shapes[2:] == [(1, packed_len)] * 2
+    m = mask.bool()
+    for other in (plain, per_group):
+        for a, b in zip(free[:3], other[:3]):
+            assert (a - b)[m].abs().max().item() < TOL
+        assert ((free[3] - other[3]).norm() / other[3].norm()).item() < TOL
+
+
+def test_padding_free_under_bfloat16_stays_within_its_rounding():
+    model, (ids, mask, _) = _model("sdpa"), _batch()
+    m = mask.bool()
+    f32 = _pass(model, ids, mask, None)
+    plain = _pass(model, ids, mask, None, "bfloat16")
+    free = _pass(model, ids, mask, (torch.arange(ids.shape[0]), logprobs.PADDING_FREE), "bfloat16")
+    assert TOL < (free[1] - f32[1])[m].abs().max().item()  # it ran in bfloat16
+    for other in (f32, plain):
+        assert (free[1] - other[1])[m].abs().max().item() < BF16_TOL
+        cos = torch.nn.functional.cosine_similarity(free[3], other[3], dim=0).item()
+        assert cos > 0.99 and ((free[3] - other[3]).norm() / other[3].norm()).item() < BF16_TOL

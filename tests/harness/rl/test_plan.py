@@ -497,16 +497,17 @@ def test_needed_positions_give_the_read_log_probs_and_the_same_update(env, const
 
 
 def test_keys_added_to_the_learner_later_leave_earlier_hashes_alone():
-    """precision, logprob_positions and prefix_impl came after runs with other train.learner values were
+    """precision, logprob_positions, prefix_impl and padding_free came after runs with other train.learner values were
     written: at their defaults they are left out of the hash, so those runs keep their point ids."""
     cfg = learner_cfg(shared_prefix=True)
     dump = cfg.model_dump(mode="json")
-    for key in ("precision", "logprob_positions", "prefix_impl"):
-        del dump["train"]["learner"][key]  # the section as written before the three keys existed
+    for key in ("precision", "logprob_positions", "prefix_impl", "padding_free"):
+        del dump["train"]["learner"][key]  # the section as written before the four keys existed
     assert config_hash(cfg) == config_hash(dump)
     assert config_hash(learner_cfg(shared_prefix=True, precision="bfloat16")) != config_hash(cfg)
     assert config_hash(learner_cfg(shared_prefix=True, logprob_positions="needed")) != config_hash(cfg)
     assert config_hash(learner_cfg(shared_prefix=True, prefix_impl="kv_cache")) != config_hash(cfg)
+    assert config_hash(learner_cfg(padding_free=True)) != config_hash(learner_cfg())
     assert "prefix_impl" in cfg.model_dump(mode="json")["train"]["learner"]  # the caller's dump is left whole
 
 
@@ -539,3 +540,50 @@ def test_prefix_impl_is_refused_where_it_cannot_run(section, learner, named):
     with pytest.raises(ConfigError, match=named) as e:
         validate_run_config(raw, "test")
     assert "train.learner.prefix_impl = 'kv_cache'" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- padding-free micro-batches
+@pytest.mark.parametrize(
+    "learner,layout",
+    [({}, "padding_free"), ({"shared_prefix": True, "prefix_impl": "segmented"}, "segmented_padding_free")],
+)
+def test_the_padding_free_update_gives_the_padded_loss_step_and_micro_batches(env, learner, layout):
+    """train.learner.padding_free: the same micro-batches as the padded path it replaces, each run as one packed
+    row; the update's loss, diagnostics and step equal the plain update's within float rounding, and the run
+    logs plan/padding_free (and plan/prefix_segmented with the shared prefix)."""
+    cfg = learner_cfg(padding_free=True, **learner)
+    padded_cfg = learner_cfg(**learner)
+    plain, plain_w = _step(env, cfg, DEFAULT_PLAN)
+    batch = env.batch(env.trainer(cfg), cfg)
+    plan = make_plan(cfg, 1, batch)
+    assert plan.prefix == layout
+    free, free_w = _step(env, cfg, plan)
+    for key in ("loss/policy", "loss/kl", "loss/total", "diag/kl_k3", "diag/entropy", "diag/grad_norm"):
+        assert free[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    start = _weights(env.trainer(cfg))
+    assert (free_w - plain_w).abs().max().item() < 1e-5 < (plain_w - start).abs().max().item()
+    extra = {"plan/padding_free"} | ({"plan/prefix_segmented"} if learner else set())
+    assert {k for k in free if k.startswith("plan/")} == PLAN_KEYS | extra
+    assert free["plan/padding_free"] == 1 and free["plan/shared_prefix"] == float(bool(learner))
+    rows = torch.arange(batch.num_rows)
+    padded = make_plan(padded_cfg, 1, batch).prefix
+    for size, tokens in ((64, 1), (64, 0), (3, 0), (64, 256)):
+        got = _micro_batches(batch, rows, size, tokens, prefix=layout)
+        assert [m.tolist() for m in got] == [m.tolist() for m in _micro_batches(batch, rows, size, tokens, padded)]
+
+
+@pytest.mark.parametrize(
+    "section,learner,named",
+    [
+        ({}, {"padding_free": True, "shared_prefix": True}, "prefix_impl = 'packed'"),
+        ({}, {"padding_free": True, "shared_prefix": True, "prefix_impl": "kv_cache"}, "prefix_impl = 'kv_cache'"),
+        ({"gradient_checkpointing": True}, {"padding_free": True}, "gradient_checkpointing"),
+    ],
+)
+def test_padding_free_is_refused_where_it_cannot_run(section, learner, named):
+    raw = raw_config(GRPO)
+    raw["model"] = {**raw["model"], **section}
+    raw["train"] = {**raw["train"], "learner": learner}
+    with pytest.raises(ConfigError, match=named) as e:
+        validate_run_config(raw, "test")
+    assert "train.learner.padding_free = true" in str(e.value)
