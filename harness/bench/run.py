@@ -293,6 +293,10 @@ def run_bench(
         from harness.bench.learner import bench_learner
 
         out["learner_plans"] = bench_learner(cfg, repeats=steps)
+    if "rollout_share" in parts:
+        from harness.bench.rollout_share import bench_rollout_share
+
+        out["rollout_share_prefix"] = bench_rollout_share(cfg, repeats=steps)
     if "sandbox" in parts:
         from harness.bench.sandbox import bench_sandbox
 

@@ -12,7 +12,7 @@ from harness.config.errors import ConfigError
 from harness.config.loading import load_run_config
 
 PARTS = ("rollout", "memory", "trl", "engines", "update", "sandbox")  # the default set
-ALL_PARTS = (*PARTS, "concurrent", "real", "real_update", "learner")
+ALL_PARTS = (*PARTS, "concurrent", "real", "real_update", "learner", "rollout_share")
 SHAPES = ("0.5b", "1.5b", "small")
 
 
@@ -25,8 +25,8 @@ def bench_command(
     only: list[str] = typer.Option(
         [],
         "--only",
-        help="rollout, memory, trl, engines, update, sandbox, concurrent, real, real_update and/or learner "
-        "(default: all but concurrent, real, real_update and learner).",
+        help="rollout, memory, trl, engines, update, sandbox, concurrent, real, real_update, learner and/or "
+        "rollout_share (default: all but concurrent, real, real_update, learner and rollout_share).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Also write the results as JSON here."),
     shape: str | None = typer.Option(
@@ -50,7 +50,9 @@ def bench_command(
     learner: on one rollout batch, the update under the default plan vs the update plan's other paths
     (harness.rl.plan: the sampler's log-probs, the shared prefix, bfloat16 compute, and their
     combinations), `--steps` interleaved repeats a side, with each dtype's matmul rate. `--only learner
-    --only trl` prints the equal-work comparison with TRL's GRPOTrainer beside it."""
+    --only trl` prints the equal-work comparison with TRL's GRPOTrainer beside it;
+    rollout_share: the first training rollout with rollout.share_prefix against without, `--steps`
+    interleaved rounds, and whether the actions and sampler log-probs are the same bit for bit."""
     cfg = load_run_config(config, list(overrides))
     parts = tuple(only) or PARTS
     bad = [p for p in parts if p not in ALL_PARTS]

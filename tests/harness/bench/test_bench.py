@@ -163,3 +163,25 @@ def test_the_weight_cast_bench_times_the_config_s_bfloat16_path_both_ways_with_t
     assert math.isclose(out["update_s_ratio"], out["cached"]["update_s"] / out["autocast"]["update_s"])
     with pytest.raises(ValueError, match="float32"):
         bench_weight_casts(cfg_with(**small), repeats=1)
+
+
+def test_rollout_share_bench_plays_the_same_episodes_on_both_sides(monkeypatch):
+    """`--only rollout_share`: update 1's rollout with and without the shared first prefill, the same tasks and
+    streams on both sides: the same actions (the shared prefill ran: the rows of a group share their prompt),
+    the log-probs within rounding, both sides timed, and a backend without the shared prefill refused."""
+    from harness.bench.rollout_share import bench_rollout_share
+    from harness.rl import rollout
+
+    shared, prefill = [], rollout.prefill_shared
+    monkeypatch.setattr(rollout, "prefill_shared", lambda kv, ids: shared.append(len(ids)) or prefill(kv, ids))
+    cfg = cfg_with(rollout={"tasks_per_update": 2, "group_size": 4}, turns={"max": 3})
+    out = bench_rollout_share(cfg, repeats=1)
+    assert shared == [8, 8]  # the shared side's two rounds (warm-up and timed), once each, into the empty cache
+    assert out["episodes"] == 8 and out["same_actions"]
+    assert out["logprob_max_gap"] is not None and out["logprob_max_gap"] < 1e-4
+    assert out["generated_tokens"]["shared"] == out["generated_tokens"]["unshared"] > 0
+    for side in ("shared", "unshared"):
+        assert out[side]["rollout_s"] > 0 and len(out["rollout_s_per_repeat"][side]) == 1
+    assert out["rollout_s_ratio"] == out["shared"]["rollout_s"] / out["unshared"]["rollout_s"]
+    with pytest.raises(ValueError, match="rollout.backend hf"):
+        bench_rollout_share(cfg_with(rollout={"backend": "static"}))
