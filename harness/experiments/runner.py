@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.config.errors import warn
 from harness.experiments.base_config import other_configs, warning_text
 from harness.experiments.point import (
     RunOptions,
@@ -141,6 +142,10 @@ def _run_points(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepRe
     result = SweepResult(counts)
     for p in corrupt:
         result.errors[p.id] = "corrupt: " + "; ".join(point_problems(point_dir(opts.results, sweep.name, p)))
+    if opts.executor is None and opts.workers > 1:
+        problem = oversubscription(todo, opts.workers, os.cpu_count() or 1)
+        if problem:
+            warn(problem, once_key=("oversubscription", sweep.name))
     if progress is not None:
         progress.begin(
             sweep.name, len(planned), counts["skipped"], [p.config.train.updates for p in todo], opts.workers
@@ -154,6 +159,30 @@ def _run_points(sweep: Sweep, opts: RunOptions, progress: Any = None) -> SweepRe
         if progress is not None:
             progress.end()
     return result
+
+
+def oversubscription(points: list[Point], workers: int, cpus: int) -> str | None:
+    """Why `workers` local worker processes running `points` at once would ask for more compute threads than the
+    machine's `cpus` (None: they would not). Each point runs train.threads torch threads (0: torch's default,
+    one per CPU); threads beyond the CPUs wait for each other at every parallel region, so the points slow
+    each other down beyond the cores they share."""
+    if workers <= 1 or not points:
+        return None
+    at_once = min(workers, len(points))
+    threads = max(p.config.train.threads or cpus for p in points)
+    if at_once * threads <= cpus:
+        return None
+    fewer = max(1, cpus // at_once)
+    other = (
+        f", or train.threads {fewer} (another config, so other point ids: a thread count can change a run's rounding)"
+        if fewer < threads
+        else ""
+    )
+    return (
+        f"--workers {workers} with train.threads {threads} (0 means one per CPU) runs {at_once * threads} compute "
+        f"threads on this machine's {cpus} CPUs: the points slow each other beyond sharing the cores; use "
+        f"--workers {max(1, cpus // threads)}{other}"
+    )
 
 
 def _cap(result: SweepResult, pending: list[Point]) -> None:

@@ -437,3 +437,24 @@ def test_a_run_of_some_seeds_keeps_the_points_of_the_rest_in_the_manifest(tmp_pa
     replaced = json.loads((folder / "sweep.json").read_text())
     assert [p["id"] for p in replaced["points"]] == [p.id for p in other.points]
     assert replaced["seeds"] == [0, 1]
+
+
+def test_workers_that_would_ask_for_more_threads_than_cpus_are_named():
+    """--workers N runs N points at once, each with train.threads torch threads (0: one per CPU): above the
+    machine's CPUs the warning names the workers, the threads, the CPUs and both ways out."""
+    from types import SimpleNamespace
+
+    from harness.experiments.runner import oversubscription
+
+    def pts(threads, n=4):
+        return [SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(threads=threads)))] * n
+
+    assert oversubscription(pts(1), 2, 2) is None  # the tiny sweeps: one thread a worker
+    assert oversubscription(pts(2), 1, 2) is None  # one point at a time
+    assert oversubscription(pts(2, n=1), 2, 2) is None  # one point left: one worker runs
+    text = oversubscription(pts(2), 2, 2)
+    assert "--workers 2 with train.threads 2" in text and "runs 4 compute threads" in text and "2 CPUs" in text
+    assert "use --workers 1, or train.threads 1" in text
+    assert "runs 8 compute threads" in oversubscription(pts(0), 2, 4)  # 0: torch's default, one per CPU
+    one = oversubscription(pts(1), 3, 2)
+    assert "runs 3 compute threads" in one and one.endswith("use --workers 2")  # no fewer threads to offer
