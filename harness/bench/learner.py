@@ -88,6 +88,18 @@ SIDES = {
 }
 
 
+def run_header(cfg: RunConfig, repeats: int) -> dict:
+    """What every in-process comparison reports first: the model, the environment, the threads, the load
+    average when it ends and its rounds."""
+    return {
+        "model": cfg.model.name,
+        "env": cfg.env.name,
+        "threads": torch.get_num_threads(),
+        "load_average": load_average(),
+        "repeats": repeats,
+    }
+
+
 def _params(policy) -> list[torch.Tensor]:
     return policy.actor_parameters() + policy.critic_parameters()
 
@@ -161,11 +173,7 @@ def bench_weight_casts(cfg: RunConfig, repeats: int = 2) -> dict:
     keys = ("update_s", "update_cpu_s")
     med = {s: {k: statistics.median(r[k] for r in rows) for k in keys} for s, rows in runs.items()}
     return {
-        "model": cfg.model.name,
-        "env": cfg.env.name,
-        "threads": torch.get_num_threads(),
-        "load_average": load_average(),
-        "repeats": repeats,
+        **run_header(cfg, repeats),
         "rollout_s": rollout_s,
         **med,
         "update_s_ratio": med["cached"]["update_s"] / med["autocast"]["update_s"],
@@ -203,11 +211,7 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, b
             for side, plan in plans.items():
                 runs[side].append(_timed(policy, cfgs[side], batch, plan, start))
     out: dict = {
-        "model": cfg.model.name,
-        "env": cfg.env.name,
-        "threads": torch.get_num_threads(),
-        "load_average": load_average(),
-        "repeats": repeats,
+        **run_header(cfg, repeats),
         "baseline": baseline,
         "rollout_s": rollout_s,
         "rollout_cpu_s": rollout_cpu_s,

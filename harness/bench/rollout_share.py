@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from harness.bench.real import load_average
+from harness.bench.learner import run_header
 from harness.bench.timing import NullLogger
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
@@ -84,11 +84,7 @@ def bench_rollout_share(cfg: RunConfig, repeats: int = 2) -> dict:
         flat1 = torch.tensor([x for row in lp1 for x in row], dtype=torch.float64)
         gap = float((flat0 - flat1).abs().max()) if flat0.numel() else 0.0
     return {
-        "model": cfg.model.name,
-        "env": cfg.env.name,
-        "threads": torch.get_num_threads(),
-        "load_average": load_average(),
-        "repeats": repeats,
+        **run_header(cfg, repeats),
         "episodes": len(ids0),
         "generated_tokens": tokens,
         **med,
