@@ -26,8 +26,7 @@ from harness.bench.timing import NullLogger
 from harness.config.errors import ConfigError
 from harness.config.loading import validate_run_config
 from harness.config.schema import RunConfig
-from harness.model.logprobs import PADDING_FREE, SEGMENTED_PADDING_FREE
-from harness.rl.batch import groups_shared
+from harness.rl.batch import groups_shared, is_padding_free, shared_impl
 from harness.rl.plan import DEFAULT_PLAN, cpu_bf16, make_plan
 from harness.rl.turns import turn_budget_at
 from harness.rl.update import make_optimizer, run_update
@@ -223,8 +222,8 @@ def bench_learner(cfg: RunConfig, repeats: int = 2, sides: dict | None = None, b
                 "reference": p.reference,
                 # the config keys as they read (prefix_impl packed where no prefix is shared)
                 "shared_prefix": groups_shared(p.prefix),
-                "prefix_impl": p.prefix.removesuffix("_padding_free") if groups_shared(p.prefix) else "packed",
-                "padding_free": p.prefix in (PADDING_FREE, SEGMENTED_PADDING_FREE),
+                "prefix_impl": shared_impl(p.prefix) or "packed",
+                "padding_free": is_padding_free(p.prefix),
                 "precision": p.precision,
                 "needed_positions": p.needed_positions,
             }

@@ -54,7 +54,6 @@ def bench_rollout_share(cfg: RunConfig, repeats: int = 2) -> dict:
     sides = {name: _side(cfg, name == "shared") for name in SIDES}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in SIDES}
     played: dict[str, tuple] = {}
-    tokens: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(sides["unshared"], Path(tmp), NullLogger())
         try:
@@ -68,7 +67,6 @@ def bench_rollout_share(cfg: RunConfig, repeats: int = 2) -> dict:
                     if i:
                         runs[name].append((wall, cpu))
                     played[name] = _played(batch.all_eps)
-                    tokens[name] = sum(len(st.action_ids) for ep in batch.all_eps for st in ep.steps)
         finally:
             worker.cfg = sides["unshared"]
             trainer.close()
@@ -86,7 +84,7 @@ def bench_rollout_share(cfg: RunConfig, repeats: int = 2) -> dict:
     return {
         **run_header(cfg, repeats),
         "episodes": len(ids0),
-        "generated_tokens": tokens,
+        "generated_tokens": {name: sum(len(a) for ep in ids for a in ep) for name, (ids, _) in played.items()},
         **med,
         "rollout_s_ratio": med["shared"]["rollout_s"] / med["unshared"]["rollout_s"],
         "rollout_cpu_s_ratio": med["shared"]["rollout_cpu_s"] / med["unshared"]["rollout_cpu_s"],

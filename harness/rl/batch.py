@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.model.logprobs import PADDING_FREE, common_prefix
+from harness.model.logprobs import PADDING_FREE, SEGMENTED_PADDING_FREE, common_prefix
 from harness.transcript.records import Episode
 
 LONG = torch.long
@@ -88,6 +88,16 @@ def groups_shared(prefix: str | None) -> bool:
     groups (`prefix_units`); the plain padded layout and the padding-free one without a shared prefix keep
     the rows' own micro-batches."""
     return prefix is not None and prefix != PADDING_FREE
+
+
+def shared_impl(prefix: str | None) -> str | None:
+    """The train.learner.prefix_impl with which the layout `prefix` shares a group's prefix (None: it shares none)."""
+    return prefix.removesuffix("_padding_free") if groups_shared(prefix) else None
+
+
+def is_padding_free(prefix: str | None) -> bool:
+    """Whether the layout `prefix` runs each micro-batch as one unpadded row (train.learner.padding_free)."""
+    return prefix in (PADDING_FREE, SEGMENTED_PADDING_FREE)
 
 
 def prefix_units(batch: TrainBatch, rows: list[int], units: list[list[int]] | None = None):

@@ -45,7 +45,7 @@ from harness.config.errors import warn
 from harness.config.schema import RunConfig
 from harness.model.logprobs import PADDING_FREE, SEGMENTED_PADDING_FREE
 from harness.model.precision import frozen_linears_in
-from harness.rl.batch import TrainBatch, groups_shared
+from harness.rl.batch import TrainBatch, groups_shared, is_padding_free, shared_impl
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,10 @@ class UpdatePlan:
         }
         # only runs that set another prefix_impl, or padding_free, log it: the others keep their metrics byte
         # for byte
-        if self.prefix in ("kv_cache", "segmented", SEGMENTED_PADDING_FREE):
-            out[f"plan/prefix_{self.prefix.removesuffix('_padding_free')}"] = torch.tensor(1.0)
-        if self.prefix in (PADDING_FREE, SEGMENTED_PADDING_FREE):
+        impl = shared_impl(self.prefix)
+        if impl in ("kv_cache", "segmented"):
+            out[f"plan/prefix_{impl}"] = torch.tensor(1.0)
+        if is_padding_free(self.prefix):
             out["plan/padding_free"] = torch.tensor(1.0)
         return out
 
