@@ -522,24 +522,36 @@ def test_prefix_impl_leaves_a_default_learner_default():
     assert not learner_cfg(shared_prefix=True, prefix_impl="kv_cache").train.learner.is_default
 
 
+KV_HEAD, FREE_HEAD = "train.learner.prefix_impl = 'kv_cache'", "train.learner.padding_free = true"
+
+
 @pytest.mark.parametrize(
-    "section,learner,named",
+    "section,learner,named,head",
     [
-        ({}, {"prefix_impl": "kv_cache"}, "with train.learner.shared_prefix = false"),
+        ({}, {"prefix_impl": "kv_cache"}, "with train.learner.shared_prefix = false", KV_HEAD),
         (
             {"gradient_checkpointing": True},
             {"shared_prefix": True, "prefix_impl": "kv_cache"},
             "gradient_checkpointing",
+            KV_HEAD,
         ),
+        ({}, {"padding_free": True, "shared_prefix": True}, "prefix_impl = 'packed'", FREE_HEAD),
+        (
+            {},
+            {"padding_free": True, "shared_prefix": True, "prefix_impl": "kv_cache"},
+            "prefix_impl = 'kv_cache'",
+            FREE_HEAD,
+        ),
+        ({"gradient_checkpointing": True}, {"padding_free": True}, "gradient_checkpointing", FREE_HEAD),
     ],
 )
-def test_prefix_impl_is_refused_where_it_cannot_run(section, learner, named):
+def test_prefix_impl_and_padding_free_are_refused_where_they_cannot_run(section, learner, named, head):
     raw = raw_config(GRPO)
     raw["model"] = {**raw["model"], **section}
     raw["train"] = {**raw["train"], "learner": learner}
     with pytest.raises(ConfigError, match=named) as e:
         validate_run_config(raw, "test")
-    assert "train.learner.prefix_impl = 'kv_cache'" in str(e.value)
+    assert head in str(e.value)
 
 
 # ----------------------------------------------------------------------------- padding-free micro-batches
@@ -570,20 +582,3 @@ def test_the_padding_free_update_gives_the_padded_loss_step_and_micro_batches(en
     for size, tokens in ((64, 1), (64, 0), (3, 0), (64, 256)):
         got = _micro_batches(batch, rows, size, tokens, prefix=layout)
         assert [m.tolist() for m in got] == [m.tolist() for m in _micro_batches(batch, rows, size, tokens, padded)]
-
-
-@pytest.mark.parametrize(
-    "section,learner,named",
-    [
-        ({}, {"padding_free": True, "shared_prefix": True}, "prefix_impl = 'packed'"),
-        ({}, {"padding_free": True, "shared_prefix": True, "prefix_impl": "kv_cache"}, "prefix_impl = 'kv_cache'"),
-        ({"gradient_checkpointing": True}, {"padding_free": True}, "gradient_checkpointing"),
-    ],
-)
-def test_padding_free_is_refused_where_it_cannot_run(section, learner, named):
-    raw = raw_config(GRPO)
-    raw["model"] = {**raw["model"], **section}
-    raw["train"] = {**raw["train"], "learner": learner}
-    with pytest.raises(ConfigError, match=named) as e:
-        validate_run_config(raw, "test")
-    assert "train.learner.padding_free = true" in str(e.value)
