@@ -22,10 +22,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.intervals import (
+    EQUIVALENCE_CONFIDENCE,
+    FAMILY_ALPHA,
     Design,
     Interval,
     grid_interval,
     pooled_design,
+    seeds_for_interval,
+    seeds_for_verdict,
     separate_interval,
     unpaired_interval,
     verdicts,
@@ -33,6 +37,7 @@ from analysis.intervals import (
 from analysis.tasks import Scores, at_budget
 
 COST_TOLERANCE = 0.05
+TOST_ALPHA = (1 - EQUIVALENCE_CONFIDENCE) / 2  # each one-sided test of the table's equivalence rule
 START, FINAL, GAIN, DELTA, VERDICT, MATCHED = "start", "final", "gain", "Δ", "verdict", "Δ@"
 COST = {"episodes": "cost/episodes", "tokens": "cost/generated_tokens", "wall": "cost/wall_s"}
 
@@ -50,10 +55,14 @@ class Block:
     base_cells: set[str] = field(default_factory=set)  # the baseline cell of each config group
     diffs: list[np.ndarray] = field(default_factory=list)  # paired Δ grids of the sweep's own group
     gain_grids: dict[str, np.ndarray] = field(default_factory=dict)  # cell -> paired gain grid
+    delta_grids: dict[str, np.ndarray] = field(default_factory=dict)  # cell -> paired Δ grid at the final update
     tasks: int = 0
     verdicts: dict[str, tuple[str, float]] = field(default_factory=dict)  # cell -> (verdict, Holm-adjusted p)
     tested: str = ""  # the column the verdicts are about: Δ, else gain
     sequential: bool = False  # verdicts from a seed budget's looks (analysis.sequential_table), not Holm
+    # cell -> the seeds its undetermined contrast would need for a verdict (None: not below NEEDED_MAX)
+    needed: dict[str, int | None] = field(default_factory=dict)
+    needed_from_interval: set[str] = field(default_factory=set)  # the cells of `needed` projected without a grid
 
 
 def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:
@@ -141,8 +150,10 @@ def _delta(block: Block, c: str, rows, base_rows, scores: Scores, own_group: boo
     left = [(a[s], when) for s in (sorted(a) if paired else a)]
     right = [(b[s], when) for s in (sorted(b) if paired else b)]
     grid = grids(scores, [left, right])
-    if own_group and paired and grid[0].size and when == FINAL:
-        block.diffs.append(grid[0] - grid[1])
+    if paired and grid[0].size and when == FINAL:
+        block.delta_grids[c] = grid[0] - grid[1]
+        if own_group:
+            block.diffs.append(block.delta_grids[c])
     block.paired[c] = paired
     return _estimate(grid, paired)
 
@@ -191,6 +202,23 @@ def build_block(done: pd.DataFrame, cells: list[str], scores: Scores, totals) ->
     return block
 
 
+def add_needed(block: Block, cells: list[str], family: int, margin: float) -> None:
+    """For each undetermined contrast of a fixed-seed table, the seeds a verdict would need at its
+    observed Δ and variance, at the levels of this table's rule run once at that many seeds: Holm's
+    strictest level over the table's `family` contrasts (0.05 / family) for a difference, the 90%
+    TOST for equivalence. From the paired grid where there is one (analysis.intervals.
+    seeds_for_verdict), else from the interval (`seeds_for_interval`, a lower bound)."""
+    grids_of = block.delta_grids if block.tested == DELTA else block.gain_grids
+    for c in cells:
+        iv = block.est[c][block.tested]
+        grid = grids_of.get(c)
+        if grid is not None and grid.shape[0] >= 2:
+            block.needed[c] = seeds_for_verdict(grid, FAMILY_ALPHA / family, TOST_ALPHA, margin)
+        elif iv is not None and iv.n >= 2:
+            block.needed[c] = seeds_for_interval(iv, FAMILY_ALPHA / family, TOST_ALPHA, margin)
+            block.needed_from_interval.add(c)
+
+
 def power(block: Block) -> tuple[Design | None, str]:
     """The design of the sweep's paired Δ grids (own config), else of the baseline's paired gain:
     its mean squares give the MDE of one more contrast (analysis.intervals, same model as the
@@ -222,5 +250,6 @@ def add_verdicts(block: Block, margin: float, higher_is_better: bool | None) -> 
     rows = verdicts([block.est[c][tested] for c in cells], margin, sides)
     block.verdicts = dict(zip(cells, rows))
     block.tested = tested
+    add_needed(block, [c for c in cells if block.verdicts[c][0] == "undetermined"], len(cells), margin)
     at = block.columns.index(tested) + 1
     block.columns.insert(at, VERDICT)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from analysis.columns import DELTA
+from analysis.columns import DELTA, TOST_ALPHA
 from analysis.family import Contrast, design_df, from_text, p_text, read_exact, seeds_of
-from analysis.intervals import DIRECTIONS, Interval
+from analysis.intervals import DIRECTIONS, FAMILY_ALPHA, NEEDED_MAX, Interval, seeds_for_interval
 from analysis.load import AnalysisError
 from harness.store import FINISHED
 
@@ -122,13 +122,28 @@ def _holm_note(f: dict) -> str:
     if f["verdict"] != "undetermined" or iv.degenerate or not (iv.lo > 0 or iv.hi < 0):
         return ""
     if f.get("sequential"):  # a seed budget: each look tests at its share of the spent error rate
-        return " (its 95% interval excludes 0, but not at the share of the error rate its last look may spend)"
-    return " (its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
+        return "its 95% interval excludes 0, but not at the share of the error rate its last look may spend"
+    return "its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts"
+
+
+NEEDED_TAIL = "seeds at the observed Δ and variance"
+
+
+def needed_note(need: int | None, lower_bound: bool = False) -> str:
+    """The seeds a verdict would need (analysis.columns.add_needed, analysis.sequential.seeds_needed)."""
+    if need is None:
+        return f"no verdict below {NEEDED_MAX} {NEEDED_TAIL}"
+    return f"a verdict would need {'at least' if lower_bound else 'about'} {need} {NEEDED_TAIL}"
 
 
 def answer(f: dict, margin: float) -> str:
-    """The verdict of one contrast in words."""
-    return _answer(f, margin) + _holm_note(f)
+    """The verdict of one contrast in words; for an undetermined one, why it is not a finding and the
+    seeds a verdict would need."""
+    notes = [_holm_note(f)]
+    if f["verdict"] == "undetermined" and "needed" in f:
+        notes.append(needed_note(f["needed"], f.get("needed_from_interval", False)))
+    notes = [n for n in notes if n]
+    return _answer(f, margin) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _answer(f: dict, margin: float) -> str:
@@ -192,8 +207,22 @@ def kept_rows(name: str, texts: list[str], section: list[str], margin: float) ->
     for i, c in enumerate(cells):
         label, iv = exact[i] if exact else (None, from_text(c[3], seeds_of(section)))
         contrast = Contrast(iv, c[4].strip("*"), margin, approximate=exact is None, df_hi=design_df(section))
+        if contrast.verdict == "undetermined":
+            c[2] = _with_needed(c[2], iv, len(cells), margin)
         out.append(Row(name, c, contrast, label))
     return out
+
+
+def _with_needed(text: str, iv: Interval | None, family: int, margin: float) -> str:
+    """A kept undetermined row's answer with the seeds a verdict would need, projected from its interval
+    alone (the page keeps no grid: a lower bound, analysis.intervals.seeds_for_interval); a text that
+    already says it is left as it is."""
+    if NEEDED_TAIL in text or iv is None or iv.n < 2:
+        return text
+    note = needed_note(seeds_for_interval(iv, FAMILY_ALPHA / family, TOST_ALPHA, margin), lower_bound=True)
+    if text.endswith(")") and " (its 95% interval" in text:
+        return f"{text[:-1]}; {note})"
+    return f"{text} ({note})"
 
 
 def split_row(row: str) -> list[str]:

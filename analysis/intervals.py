@@ -169,6 +169,63 @@ def interval_arrays(mean, ms_seed, ms_task, ms_res, n: int, m: int) -> tuple[np.
     return mean, np.sqrt(np.maximum(se2, 0.0)), df
 
 
+# ----------------------------------------------------------------------------- planning
+NEEDED_MAX = 1000  # the seed projections below search up to this many seeds
+
+
+def _first_decided(value: float, se_at, alpha_diff: float, alpha_eq: float, margin: float, start: int) -> int | None:
+    """The fewest seeds k in (start, NEEDED_MAX] at which an interval of `value` with (se, df) =
+    se_at(k) excludes 0 at two-sided level alpha_diff or, as a TOST at alpha_eq on each side, lies
+    inside ±margin; None when neither happens."""
+    for k in range(start + 1, NEEDED_MAX + 1):
+        se, df = se_at(k)
+        if se == 0:
+            return None
+        if abs(value) - stats.t.ppf(1 - alpha_diff / 2, df) * se > 0:
+            return k
+        if abs(value) + stats.t.ppf(1 - alpha_eq, df) * se < margin:
+            return k
+    return None
+
+
+def seeds_for_verdict(grid: np.ndarray, alpha_diff: float, alpha_eq: float, margin: float) -> int | None:
+    """The seeds at which a contrast, at the Δ and variance observed on its seeds x tasks `grid`
+    (paired differences, or a paired gain), would reach a verdict: its interval excluding 0 at
+    two-sided level `alpha_diff` or fitting inside ±margin at TOST level `alpha_eq`. The seed-means
+    term of SE^2 scales as 1/k, the task term (tasks fixed) stays; the df follow `_interval`. None
+    when neither happens below NEEDED_MAX seeds. A projection for planning, not a promise: the
+    observed Δ and variance are themselves estimates (docs/algorithms.md#statistics)."""
+    grid = np.asarray(grid, dtype=float)
+    n, m = grid.shape
+    ms_seed, ms_task, ms_res = mean_squares(grid)
+    value = float(grid.mean())
+    task = [(ms_task / (n * m), m - 1), (-ms_res / (n * m), (n - 1) * (m - 1))] if m > 1 else []
+
+    def at(k: int) -> tuple[float, float]:
+        iv = _interval(value, [(ms_seed / (k * m), k - 1)], task, k, m)
+        return iv.se, iv.df
+
+    return _first_decided(value, at, alpha_diff, alpha_eq, margin, n)
+
+
+def seeds_for_interval(iv: Interval, alpha_diff: float, alpha_eq: float, margin: float) -> int | None:
+    """`seeds_for_verdict` for a contrast known only by its interval (no paired grid: an unpaired
+    Δ, or a row read back from a page): all of SE^2 is taken as the seed-means term (SE^2 n / k) and
+    the df grow as k - 1 do (df (k - 1) / (n - 1)). With a task term that stays, SE shrinks more
+    slowly than this assumes, so the figure is a lower bound. None below NEEDED_MAX seeds, or
+    without an interval to project."""
+    if iv.n < 2 or not (math.isfinite(iv.se) and math.isfinite(iv.value)) or iv.se == 0:
+        return None
+    return _first_decided(
+        iv.value,
+        lambda k: (iv.se * math.sqrt(iv.n / k), max(iv.df * (k - 1) / (iv.n - 1), 1.0)),
+        alpha_diff,
+        alpha_eq,
+        margin,
+        iv.n,
+    )
+
+
 @dataclass(frozen=True)
 class Design:
     """Mean squares (MS_seed, MS_task, MS_res) of n x m paired differences, averaged over a sweep's

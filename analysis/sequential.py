@@ -62,12 +62,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from analysis.intervals import DEFAULT_MARGIN, FAMILY_ALPHA, Interval, _interval, grid_interval, mean_squares
+from analysis.intervals import (
+    DEFAULT_MARGIN,
+    FAMILY_ALPHA,
+    Interval,
+    grid_interval,
+    seeds_for_verdict,
+)
 from analysis.tasks import Scores, matrix
 
 EQUIVALENCE_ALPHA = 0.05  # each one-sided test of the TOST, over all looks (the fixed-n table's 90% interval)
 OPEN, UP, DOWN, EQUIVALENT = 0, 1, 2, 3  # what a look decides for one contrast
-NEEDED_MAX = 1000  # seeds_needed searches up to this many seeds
 
 
 def obrien_fleming(tau: np.ndarray, alpha: float) -> np.ndarray:
@@ -245,23 +250,9 @@ def seeds_needed(grid: np.ndarray, plan: Plan, family: int) -> int | None:
     """For a contrast undetermined at `max`: the seeds at which its interval, at the observed Δ and
     variance (the seed-means term scaling as 1/n, the task term fixed), would exclude 0 at the last
     look's Holm level for its family (a_K / family) or fit inside ±margin at the last look's TOST
-    level b_K; None when neither happens below NEEDED_MAX seeds. A projection for planning (the
-    next budget), not a promise: the observed Δ and variance are themselves estimates."""
-    grid = np.asarray(grid, dtype=float)
-    n, m = grid.shape
-    ms_seed, ms_task, ms_res = mean_squares(grid)
-    value = float(grid.mean())
+    level b_K; None when neither happens below NEEDED_MAX seeds (analysis.intervals.seeds_for_verdict)."""
     alpha, alpha_eq = plan.levels(len(plan.looks) - 1)
-    task = [(ms_task / (n * m), m - 1), (-ms_res / (n * m), (n - 1) * (m - 1))] if m > 1 else []
-    for k in range(n + 1, NEEDED_MAX + 1):
-        iv = _interval(value, [(ms_seed / (k * m), k - 1)], task, k, m)
-        if iv.se == 0:
-            return None
-        if abs(value) - stats.t.ppf(1 - alpha / (2 * max(family, 1)), iv.df) * iv.se > 0:
-            return k
-        if abs(value) + stats.t.ppf(1 - alpha_eq, iv.df) * iv.se < plan.margin:
-            return k
-    return None
+    return seeds_for_verdict(grid, alpha / max(family, 1), alpha_eq, plan.margin)
 
 
 # ----------------------------------------------------------------------------- from a results folder

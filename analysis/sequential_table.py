@@ -95,6 +95,8 @@ def add_sequential_verdicts(
             info.open.add(c)
         if d.verdict in ("undetermined", "open") and c in grids:
             info.needed[c] = seeds_needed(grids[c], plan, family)
+            if d.verdict == "undetermined":  # still open: more looks to come, nothing to project yet
+                block.needed[c] = info.needed[c]
     block.tested, block.sequential = DELTA, True
     block.columns.insert(block.columns.index(DELTA) + 1, VERDICT)
     return info

@@ -31,7 +31,7 @@ import pandas as pd
 
 from analysis import sequential_table
 from analysis.columns import COST, DELTA, FINAL, GAIN, MATCHED, START, VERDICT, Block, add_verdicts, build_block
-from analysis.intervals import Interval, seed_interval
+from analysis.intervals import FAMILY_ALPHA, NEEDED_MAX, Interval, seed_interval
 from analysis.load import SUMMARY_PREFIXES, AnalysisError, load_curves, load_results, resolve_metric
 from analysis.records import as_folder
 from analysis.render import MD, format_entry, render  # noqa: F401 (render is re-exported)
@@ -315,6 +315,38 @@ def _record(c: str, keys, key_header, seeds: tuple[int, int], entries: dict[str,
     return rec
 
 
+def needed_lines(block: Block, labels: dict[str, str]) -> list[str]:
+    """Under a fixed-seed table with undetermined contrasts: the seeds each would need for a verdict
+    (analysis.columns.add_needed). A sequential table says it in its looks line instead."""
+    if block.sequential or not block.needed:
+        return []
+    family = len(block.verdicts)
+    parts = []
+    for c, need in block.needed.items():
+        if need is None:
+            parts.append(f"{labels.get(c, c)}: none below {NEEDED_MAX} seeds")
+        else:
+            parts.append(
+                f"{labels.get(c, c)}: {'at least' if c in block.needed_from_interval else 'about'} {need} seeds"
+            )
+    lower = (
+        " ('at least': projected from the interval alone where the arms do not pair, a lower bound)"
+        if block.needed_from_interval
+        else ""
+    )
+    return [
+        "Seeds a verdict would need, at the observed Δ and variance, were this table's rule run once at that many "
+        f"seeds (Holm's strictest level {FAMILY_ALPHA:g}/{family} for a difference, the 90% TOST against "
+        f"±m for equivalence; docs/algorithms.md#statistics): {'; '.join(parts)}{lower}."
+    ]
+
+
+def _needed(block: Block, c: str) -> dict:
+    """The seeds an undetermined contrast would need for a verdict, and whether that is projected
+    from its interval alone (a lower bound)."""
+    return {"needed": block.needed[c], "needed_from_interval": c in block.needed_from_interval}
+
+
 def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
     """Every tested contrast of the table: the cell's and its baseline's labels, the interval, the verdict."""
     label = dict(zip(results["cell"], results["label"]))
@@ -330,6 +362,7 @@ def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
             # evaluated on other held-out tasks than its baseline's: Δ compares two task distributions
             "other_tasks": block.tested == DELTA and c in block.other_tasks,
             "sequential": block.sequential,
+            **(_needed(block, c) if c in block.needed else {}),
         }
         for c, (v, p) in block.verdicts.items()
     ]
@@ -362,6 +395,7 @@ def build_table(
         extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
     elif plan_of(meta.raw, margin) is not None:
         extra_notes += sequential_table.capped_early(meta.raw)
+    extra_notes += needed_lines(block, dict(zip(results["cell"], results["label"])))
     rest = wanted[1:] if primary else wanted
     values = {m: resolve_metric(results, curves, m) for m in rest}
     rest = _recorded(done, values, rest, bool(metrics), extra_notes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -108,10 +109,14 @@ def test_holm_keeps_a_contrast_whose_own_interval_excludes_0_undetermined(tmp_pa
     assert "Holm's correction across the table's contrasts" in text
     # the findings table says in words why such a contrast is not a finding, and only for it
     said = {f["cell"]: answer(f, 0.05) for f in table_for(tmp_path / "shift").findings}
-    assert said["small"].endswith(
-        "(its 95% interval excludes 0, but not after Holm's correction across the sweep's contrasts)"
+    assert said["small"].startswith(
+        "cannot tell small from base (its 95% interval excludes 0, but not after Holm's correction across the "
+        "sweep's contrasts; a verdict would need about "
     )
     assert "Holm" not in said["noisy"] and "Holm" not in said["large"] and "Holm" not in said["same"]
+    # every undetermined row says the seeds a verdict would need; a decided row says nothing of it
+    assert re.search(r"\(a verdict would need about \d+ seeds at the observed Δ and variance\)$", said["noisy"])
+    assert "would need" not in said["large"] + said["same"]
 
 
 def test_a_sequential_rows_open_verdict_is_explained_by_its_look_not_by_holm():

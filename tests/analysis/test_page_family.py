@@ -102,3 +102,24 @@ def test_the_page_shows_the_table_and_the_page_level_verdicts_side_by_side(tmp_p
         for r in _findings(write_results_doc(root, out, sweeps).read_text())[2:]
     ]
     assert [r[:5] for r in old] == [r[:5] for r in body] and all(r[5].startswith("≈") for r in old)
+
+
+def test_a_kept_undetermined_row_of_an_older_page_gets_the_seeds_a_verdict_would_need_once(tmp_path):
+    """A row kept from a page older than the seeds-needed note gets it, projected from its interval alone
+    (a lower bound: 'at least'); a kept row that already says it, and a second regeneration, keep the text."""
+    import re
+
+    root, sweeps, out = _page(tmp_path)
+    text = write_results_doc(root, out, sweeps).read_text()
+    live = [r for r in _findings(text)[2:] if "cannot tell" in r]
+    assert live and all("a verdict would need about " in r or "no verdict below" in r for r in live)
+    shutil.rmtree(root / "filters")
+    note = r" \((a verdict would need about|no verdict below) \d+ seeds at the observed Δ and variance\)"
+    older = re.sub(note, "", text)
+    assert older != text
+    out.write_text(older)
+    kept = write_results_doc(root, out, sweeps).read_text()
+    rows = [r for r in _findings(kept)[2:] if "would need" in r or "no verdict below" in r]
+    # from the interval alone every variance is seed variance, which more seeds shrink: a finite lower bound
+    assert len(rows) == len(live) and all(re.search(r"would need at least \d+ seeds", r) for r in rows)
+    assert write_results_doc(root, out, sweeps).read_text() == kept

@@ -41,10 +41,11 @@ def test_the_page_opens_with_the_findings_then_the_contents_then_the_limits(tmp_
     assert "| sweep | question | answer | Δ [95% CI] | verdict |" in findings
     rows = [line for line in findings.splitlines() if line.startswith("| [filters](#filters)")]
     assert rows[0].startswith(
-        "| [filters](#filters) | Does dynamic filtering help? | cannot tell ragen_top_p from none |"
+        "| [filters](#filters) | Does dynamic filtering help? | cannot tell ragen_top_p from none (no verdict below "
+        "1000 seeds at the observed Δ and variance) |"
     )
     assert rows[0].endswith("| undetermined |") and "Δ +0.25 [" in rows[0]
-    assert rows[1].startswith("| [filters](#filters) |  | cannot tell dapo from none |")  # the question once
+    assert rows[1].startswith("| [filters](#filters) |  | cannot tell dapo from none (")  # the question once
     again = next(line for line in findings.splitlines() if line.startswith("| [filters_again]"))
     assert "| The same again |" in again  # no question listed: the description's first sentence
     contents = text.split("## Contents")[1].split("\n## ")[0]

@@ -22,8 +22,9 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from analysis.intervals import grid_interval, interval_arrays, mean_squares
+from analysis.intervals import grid_interval, interval_arrays, mean_squares, seeds_for_interval, seeds_for_verdict
 from analysis.sequential import (
     DOWN,
     EQUIVALENT,
@@ -175,6 +176,69 @@ def test_seeds_needed_shrinks_with_a_larger_effect_and_is_none_without_a_way_to_
     # never inside ±0.05 and never away from 0
     tasks = rng.normal(0, 0.05, (15, 1)) + np.array([[-0.6, -0.2, 0.3, 0.5]]) + rng.normal(0, 0.01, (15, 4))
     assert seeds_needed(tasks - tasks.mean(), PLAN, 3) is None
+
+
+def _grid_with(value: float, ms: tuple[float, float, float], n: int, m: int, rng) -> np.ndarray:
+    """An n x m grid of mean `value` whose mean squares are exactly `ms` (MS_seed, MS_task, MS_res)."""
+    ms_seed, ms_task, ms_res = ms
+    a = rng.standard_normal(n)
+    a -= a.mean()
+    b = rng.standard_normal(m)
+    b -= b.mean()
+    e = rng.standard_normal((n, m))
+    e = e - e.mean(axis=1, keepdims=True) - e.mean(axis=0) + e.mean()
+    a *= math.sqrt(ms_seed * (n - 1) / m / (a**2).sum())
+    b *= math.sqrt(ms_task * (m - 1) / n / (b**2).sum())
+    e *= math.sqrt(ms_res * (n - 1) * (m - 1) / (e**2).sum())
+    return value + a[:, None] + b[None, :] + e
+
+
+def _decides(iv, alpha_diff: float, alpha_eq: float, margin: float) -> bool:
+    """The table's rule for one contrast at these levels: away from 0, or inside ±margin (TOST)."""
+    away = abs(iv.value) - stats.t.ppf(1 - alpha_diff / 2, iv.df) * iv.se > 0
+    return away or abs(iv.value) + stats.t.ppf(1 - alpha_eq, iv.df) * iv.se < margin
+
+
+@pytest.mark.parametrize(
+    "value, sigmas",
+    [(-0.04, (0.03, 0.0, 0.3)), (-0.065, (0.03, 0.04, 0.34)), (0.01, (0.05, 0.01, 0.34)), (0.03, (0.08, 0.0, 0.2))],
+)
+def test_seeds_for_verdict_is_the_fewest_seeds_at_which_the_tables_interval_decides(value, sigmas):
+    """The projection is the table's own interval at k seeds with the observed Δ and mean squares: a grid
+    of k seeds with exactly those mean squares is decided at k and not at k - 1 (Holm's strictest level
+    over 8 contrasts, the 90% TOST), whether the seed term or the fixed task term dominates."""
+    rng = np.random.default_rng(11)
+    s_seed, s_task, s_res = sigmas
+    m = 128
+    ms = (m * s_seed**2 + s_res**2, 3 * s_task**2 + s_res**2, s_res**2)  # their expectations at n = 3
+    grid = _grid_with(value, ms, 3, m, rng)
+    assert mean_squares(grid) == pytest.approx(ms) and grid.mean() == pytest.approx(value)
+    alpha_diff, alpha_eq = 0.05 / 8, 0.05
+    k = seeds_for_verdict(grid, alpha_diff, alpha_eq, 0.05)
+    assert k is not None and k > 3
+    # the task term is a variance of the task means, which more seeds do not change: MS_task - MS_res scales with n
+    at = lambda n: grid_interval(_grid_with(value, (ms[0], ms[2] + (ms[1] - ms[2]) * n / 3, ms[2]), n, m, rng))  # noqa: E731
+    assert _decides(at(k), alpha_diff, alpha_eq, 0.05) and not _decides(at(k - 1), alpha_diff, alpha_eq, 0.05)
+    # from the interval alone (all of SE^2 taken as seed term): never more seeds than the grid's projection
+    assert seeds_for_interval(grid_interval(grid), alpha_diff, alpha_eq, 0.05) <= k
+
+
+def test_seeds_needed_is_seeds_for_verdict_at_the_last_looks_levels():
+    rng = np.random.default_rng(3)
+    grid = rng.normal(0, 0.05, (15, 1)) + rng.normal(0, 0.3, (15, 64)) + 0.03
+    alpha, alpha_eq = PLAN.levels(len(PLAN.looks) - 1)
+    assert seeds_needed(grid, PLAN, 3) == seeds_for_verdict(grid, alpha / 3, alpha_eq, PLAN.margin)
+
+
+def test_seeds_for_interval_needs_an_interval():
+    from analysis.intervals import Interval
+
+    assert seeds_for_interval(Interval(0.1, math.nan, math.nan, 1, 1), 0.05, 0.05, 0.05) is None
+    assert seeds_for_interval(Interval(0.1, 0.0, 2.0, 3, 1), 0.05, 0.05, 0.05) is None
+    # a seeds-only interval: SE = s / sqrt(n), so the projection is the t test at k seeds with the same s
+    k = seeds_for_interval(Interval(0.04, 0.02, 2.0, 3, 1), 0.05, 0.05, 0.01)
+    se_k = lambda k: 0.02 * math.sqrt(3 / k)  # noqa: E731
+    assert 0.04 / se_k(k) > stats.t.ppf(0.975, k - 1) and 0.04 / se_k(k - 1) <= stats.t.ppf(0.975, k - 2)
 
 
 # ----------------------------------------------------------------------------- simulation
