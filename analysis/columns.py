@@ -63,6 +63,7 @@ class Block:
     # cell -> the seeds its undetermined contrast would need for a verdict (None: not below NEEDED_MAX)
     needed: dict[str, int | None] = field(default_factory=dict)
     needed_from_interval: set[str] = field(default_factory=set)  # the cells of `needed` projected without a grid
+    open_looks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # open cell -> (look, looks, seeds)
 
 
 def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:

@@ -140,6 +140,9 @@ def answer(f: dict, margin: float) -> str:
     """The verdict of one contrast in words; for an undetermined one, why it is not a finding and the
     seeds a verdict would need."""
     notes = [_holm_note(f)]
+    if "open_look" in f:  # a seed budget whose next looks have not run
+        look, looks, seeds = f["open_look"]
+        notes.append(f"still open after look {look} of {looks} ({seeds} seeds): the sweep's next looks add seeds")
     if f["verdict"] == "undetermined" and "needed" in f:
         notes.append(needed_note(f["needed"], f.get("needed_from_interval", False)))
     notes = [n for n in notes if n]

@@ -359,7 +359,8 @@ FINDINGS = (
     "p-value of one test; verdict, page is the table's verdict where the test behind it survives this "
     "correction (adjusted p ≤ 0.05), else undetermined (unresolved: see ≈ under How to read the tables). "
     "The tables of secondary metrics inside the sections (greedy success, one environment of a mixture) are "
-    "not in the family. {changed}"
+    "not in the family. An undetermined row says the seeds a verdict would need at its observed Δ and "
+    "variance (docs/algorithms.md#statistics; 'at least' where only its interval is known). {changed}"
 )
 
 

@@ -95,8 +95,9 @@ def add_sequential_verdicts(
             info.open.add(c)
         if d.verdict in ("undetermined", "open") and c in grids:
             info.needed[c] = seeds_needed(grids[c], plan, family)
-            if d.verdict == "undetermined":  # still open: more looks to come, nothing to project yet
-                block.needed[c] = info.needed[c]
+            block.needed[c] = info.needed[c]
+        if d.verdict == "open":  # more looks to come: the findings say so beside the projection
+            block.open_looks[c] = (d.look + 1, len(plan.looks), d.seeds)
     block.tested, block.sequential = DELTA, True
     block.columns.insert(block.columns.index(DELTA) + 1, VERDICT)
     return info

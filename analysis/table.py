@@ -344,7 +344,8 @@ def needed_lines(block: Block, labels: dict[str, str]) -> list[str]:
 def _needed(block: Block, c: str) -> dict:
     """The seeds an undetermined contrast would need for a verdict, and whether that is projected
     from its interval alone (a lower bound)."""
-    return {"needed": block.needed[c], "needed_from_interval": c in block.needed_from_interval}
+    out = {"needed": block.needed[c], "needed_from_interval": c in block.needed_from_interval}
+    return out | ({"open_look": block.open_looks[c]} if c in block.open_looks else {})
 
 
 def _findings(results: pd.DataFrame, block: Block) -> list[dict]:

@@ -130,6 +130,11 @@ def test_a_sequential_rows_open_verdict_is_explained_by_its_look_not_by_holm():
     assert "Holm" in answer(f, 0.05)
     said = answer({**f, "sequential": True}, 0.05)
     assert said.startswith("cannot tell no-clip from ppo-token") and "last look" in said and "Holm" not in said
+    # at the last look: the seeds a verdict would need; before it, also that more looks are to come
+    done = answer({**f, "sequential": True, "needed": 18}, 0.05)
+    assert done.endswith("may spend; a verdict would need about 18 seeds at the observed Δ and variance)")
+    still = answer({**f, "sequential": True, "needed": 18, "open_look": (2, 7, 5)}, 0.05)
+    assert "; still open after look 2 of 7 (5 seeds): the sweep's next looks add seeds; a verdict would need" in still
 
 
 def test_an_established_difference_on_other_tasks_is_lower_never_worse(tmp_path):

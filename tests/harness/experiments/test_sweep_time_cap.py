@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.findings import answer
 from analysis.table import table_for
 from harness.experiments.point import RunOptions
 from harness.experiments.runner import run_sweep
@@ -101,6 +102,12 @@ def test_a_cap_inside_a_look_lets_the_point_in_flight_finish_and_a_later_run_res
     assert list(needed.index) == ["0.0003", "0.0004"] and (needed > 3).all()  # the open rows, what they need
     need = int(needed["0.0004"])
     assert f"0.0004 still open after look 1 (3 seeds), a verdict would need about {need} seeds" in notes
+    # the findings rows say the same: open, with more looks to come, and the seeds a verdict would need
+    said = {f["cell"]: answer(f, 0.05) for f in table.findings}
+    assert said["0.0004"].endswith(
+        f"(still open after look 1 of 4 (3 seeds): the sweep's next looks add seeds; a verdict would need about "
+        f"{need} seeds at the observed Δ and variance)"
+    )
 
     again = run_sweep(load_sweep(path), RunOptions(folder / "results", train_fn=sequential_trainer.train))
     assert again.ok and again.counts.get("capped", 0) == 0
