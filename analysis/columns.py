@@ -60,10 +60,10 @@ class Block:
     verdicts: dict[str, tuple[str, float]] = field(default_factory=dict)  # cell -> (verdict, Holm-adjusted p)
     tested: str = ""  # the column the verdicts are about: Δ, else gain
     sequential: bool = False  # verdicts from a seed budget's looks (analysis.sequential_table), not Holm
-    # cell -> the seeds its undetermined contrast would need for a verdict (None: not below NEEDED_MAX)
+    # fixed-seed tables (a seed budget's are in analysis.sequential_table.SequentialRows): cell -> the seeds its
+    # undetermined contrast would need for a verdict (None: not below NEEDED_MAX)
     needed: dict[str, int | None] = field(default_factory=dict)
     needed_from_interval: set[str] = field(default_factory=set)  # the cells of `needed` projected without a grid
-    open_looks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # open cell -> (look, looks, seeds)
 
 
 def _series(scores: Scores, point: str, when: str | float) -> pd.Series | None:

@@ -197,12 +197,12 @@ def seeds_for_verdict(grid: np.ndarray, alpha_diff: float, alpha_eq: float, marg
     observed Δ and variance are themselves estimates (docs/algorithms.md#statistics)."""
     grid = np.asarray(grid, dtype=float)
     n, m = grid.shape
-    ms_seed, ms_task, ms_res = mean_squares(grid)
+    ms = mean_squares(grid)
     value = float(grid.mean())
-    task = [(ms_task / (n * m), m - 1), (-ms_res / (n * m), (n - 1) * (m - 1))] if m > 1 else []
+    _, task = _grid_parts(ms, n, m)  # the task term at the observed n: more seeds leave it as it is
 
     def at(k: int) -> tuple[float, float]:
-        iv = _interval(value, [(ms_seed / (k * m), k - 1)], task, k, m)
+        iv = _interval(value, _grid_parts(ms, k, m)[0], task, k, m)
         return iv.se, iv.df
 
     return _first_decided(value, at, alpha_diff, alpha_eq, margin, n)

@@ -95,9 +95,6 @@ def add_sequential_verdicts(
             info.open.add(c)
         if d.verdict in ("undetermined", "open") and c in grids:
             info.needed[c] = seeds_needed(grids[c], plan, family)
-            block.needed[c] = info.needed[c]
-        if d.verdict == "open":  # more looks to come: the findings say so beside the projection
-            block.open_looks[c] = (d.look + 1, len(plan.looks), d.seeds)
     block.tested, block.sequential = DELTA, True
     block.columns.insert(block.columns.index(DELTA) + 1, VERDICT)
     return info
@@ -160,6 +157,17 @@ def decided_line(info: SequentialRows, verdicts: dict[str, tuple[str, float]]) -
         + (f"; {still} still open (more looks to come)" if still else "")
         + "."
     )
+
+
+def finding(info: SequentialRows, cell: str) -> dict:
+    """What a findings row adds for a contrast with a projection: the seeds a verdict would need and,
+    while its looks are still to come, where it stands (look, looks, seeds)."""
+    if cell not in info.needed:
+        return {}
+    out: dict = {"needed": info.needed[cell]}
+    if cell in info.open:
+        out["open_look"] = (info.look[cell], len(info.plan.looks), info.seeds[cell])
+    return out
 
 
 def record(info: SequentialRows, cell: str) -> dict:

@@ -341,14 +341,17 @@ def needed_lines(block: Block, labels: dict[str, str]) -> list[str]:
     ]
 
 
-def _needed(block: Block, c: str) -> dict:
+def _needed(block: Block, looks, c: str) -> dict:
     """The seeds an undetermined contrast would need for a verdict, and whether that is projected
-    from its interval alone (a lower bound)."""
-    out = {"needed": block.needed[c], "needed_from_interval": c in block.needed_from_interval}
-    return out | ({"open_look": block.open_looks[c]} if c in block.open_looks else {})
+    from its interval alone (a lower bound); a seed budget's from its looks."""
+    if looks is not None:
+        return sequential_table.finding(looks, c)
+    if c not in block.needed:
+        return {}
+    return {"needed": block.needed[c], "needed_from_interval": c in block.needed_from_interval}
 
 
-def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
+def _findings(results: pd.DataFrame, block: Block, looks=None) -> list[dict]:
     """Every tested contrast of the table: the cell's and its baseline's labels, the interval, the verdict."""
     label = dict(zip(results["cell"], results["label"]))
     base = dict(zip(results["cell"], results["baseline_cell"]))
@@ -363,7 +366,7 @@ def _findings(results: pd.DataFrame, block: Block) -> list[dict]:
             # evaluated on other held-out tasks than its baseline's: Δ compares two task distributions
             "other_tasks": block.tested == DELTA and c in block.other_tasks,
             "sequential": block.sequential,
-            **(_needed(block, c) if c in block.needed else {}),
+            **_needed(block, looks, c),
         }
         for c, (v, p) in block.verdicts.items()
     ]
@@ -440,7 +443,7 @@ def build_table(
         warned,
         short_caption(results, block, scores, primary),
         legend(opts.interval),
-        _findings(results, block),
+        _findings(results, block, looks),
     )
 
 
