@@ -397,7 +397,8 @@ def build_table(
     if looks:
         extra_notes.append(sequential_table.decided_line(looks, block.verdicts))
         extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
-    elif plan_of(meta.raw, margin) is not None:
+    elif plan_of(meta.raw, margin) is not None and meta.raw.get("metric") == primary:
+        # the looks are the sweep's own metric's: another metric's table (fixed n) has none to be early for
         extra_notes += sequential_table.capped_early(meta.raw)
     extra_notes += needed_lines(block, dict(zip(results["cell"], results["label"])))
     rest = wanted[1:] if primary else wanted

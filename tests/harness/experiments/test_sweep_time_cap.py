@@ -125,6 +125,11 @@ def test_no_new_look_starts_after_the_cap(tmp_path):
     assert result.ok and result.counts["done"] == 12 and result.counts["capped"] == 3  # look 2: 3 points
     assert max(max(seeds) for seeds in points_run(folder).values()) == 2
     assert manifest(folder)["sequential"]["capped"]["look"] == 2 and looks(folder)["next_look"] == 2
+    # another metric of the same points is read at fixed n: no note that the cap came before any result
+    other = "\n".join(table_for(folder / "results" / "s", metrics=["init/eval_greedy/success"]).notes)
+    capped = "\n".join(table_for(folder / "results" / "s").notes)
+    assert "stopped it in look 2" in capped and "before its contrasts had results" not in capped
+    assert "before its contrasts had results" not in other and "Sequential seeds" not in other
 
 
 def test_a_cap_already_passed_starts_nothing_in_the_pool(tmp_path):
