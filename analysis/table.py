@@ -267,6 +267,13 @@ class Options:
     margin: float | None = None  # equivalence margin; None: the sweep's (sweep.json), else DEFAULT_MARGIN
 
 
+def _looks_plan(raw: dict, margin: float, primary: str | None):
+    """The seed budget's plan where this table's metric is the one its looks were decided on, else None:
+    another metric of the same points gets the fixed-n rule (its cells may then have other seeds than
+    their baseline: unpaired, marked ‡), and no note about the looks."""
+    return plan_of(raw, margin) if raw.get("metric") == primary else None
+
+
 def _primary_block(results, curves, tasks, cells, primary: str | None, margin: float):
     """(the start/final/gain/Δ/verdict block with the cost of every cell, the scores it was built on,
     the sequential looks of a sweep with a seed budget or None)."""
@@ -282,9 +289,7 @@ def _primary_block(results, curves, tasks, cells, primary: str | None, margin: f
     spec = task_metric(primary)
     higher = HIGHER_IS_BETTER.get(spec[2]) if spec else None
     raw = results.attrs["sweep"].raw
-    # the looks were decided on the sweep's own metric; another metric of the same points gets the
-    # fixed-n rule (its cells may then have other seeds than their baseline: unpaired, marked ‡)
-    plan = plan_of(raw, margin) if raw.get("metric") == primary else None
+    plan = _looks_plan(raw, margin, primary)
     looks = add_sequential_verdicts(block, done, scores, plan, higher) if plan is not None else None
     if looks is not None:
         looks.capped = sequential_table.capped_of(raw)
@@ -397,8 +402,7 @@ def build_table(
     if looks:
         extra_notes.append(sequential_table.decided_line(looks, block.verdicts))
         extra_notes += sequential_table.notes(looks, dict(zip(results["cell"], results["label"])))
-    elif plan_of(meta.raw, margin) is not None and meta.raw.get("metric") == primary:
-        # the looks are the sweep's own metric's: another metric's table (fixed n) has none to be early for
+    elif _looks_plan(meta.raw, margin, primary) is not None:
         extra_notes += sequential_table.capped_early(meta.raw)
     extra_notes += needed_lines(block, dict(zip(results["cell"], results["label"])))
     rest = wanted[1:] if primary else wanted
